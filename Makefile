@@ -1,0 +1,34 @@
+# Every target installs what it needs into .venv first, so a fresh clone needs only python3 and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 7700
+DB ?= nulltickets.db
+HOST ?= 127.0.0.1
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint typecheck clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: install
+	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) build/lib dist *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,97 @@
+"""Pure-Python claim/transition/fail decisions. No I/O: given values and `now`, return values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nulltickets.domain.fsm import Pipeline, Transition
+from nulltickets.errors import (
+    ExpectedStageMismatch,
+    IllegalTransition,
+    InvalidLeaseTtl,
+    TaskVersionMismatch,
+)
+
+# The reference parks dead-lettered tasks at this eligibility time; kept for compatibility.
+DEAD_LETTER_ELIGIBLE_AT = 9_223_372_036_854_775_000
+DEFAULT_LEASE_TTL_MS = 300_000
+MAX_LEASE_TTL_MS = 86_400_000
+_MAX_TIME = 2**63 - 1
+
+
+def lease_ttl(requested: int | None, default: int = DEFAULT_LEASE_TTL_MS) -> int:
+    """Validate a requested lease TTL: absent -> default, <= 0 rejected, clamped to 24 h."""
+    if requested is None:
+        return default
+    if requested <= 0:
+        raise InvalidLeaseTtl()
+    return min(requested, MAX_LEASE_TTL_MS)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    failed_attempts: int
+    retry_delay_ms: int
+    next_eligible_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    failed_attempts: int
+    from_stage: str
+    dead_letter_stage: str | None  # None: the task stays where it is
+    reason: str = "max_attempts_exceeded"
+
+
+def decide_failure(
+    *,
+    stage: str,
+    max_attempts: int | None,
+    retry_delay_ms: int,
+    dead_letter_stage: str | None,
+    pipeline: Pipeline | None,
+    failed_attempts: int,
+    now: int,
+) -> RetryScheduled | DeadLettered:
+    """Decide what a failed attempt does to its task.
+
+    `failed_attempts` counts every failed attempt of the task so far, this one included.
+    `max_attempts` is the number of failures allowed (None: retry forever; <= 0: the first
+    failure dead-letters). The dead-letter stage is used only if it names a state of the
+    task's pipeline.
+    """
+    if max_attempts is not None and failed_attempts >= max_attempts:
+        usable = (
+            dead_letter_stage
+            if dead_letter_stage is not None
+            and pipeline is not None
+            and dead_letter_stage in pipeline.states
+            else None
+        )
+        return DeadLettered(failed_attempts, stage, usable)
+    at = max(0, min(now + retry_delay_ms, _MAX_TIME))
+    return RetryScheduled(failed_attempts, retry_delay_ms, at)
+
+
+def decide_transition(
+    *,
+    pipeline: Pipeline,
+    stage: str,
+    task_version: int,
+    trigger: str,
+    expected_stage: str | None,
+    expected_task_version: int | None,
+) -> Transition:
+    """Return the transition to apply, or raise why the request may not move the task."""
+    if expected_stage is not None and expected_stage != stage:
+        raise ExpectedStageMismatch(
+            f"task is in stage {stage!r}, not the expected {expected_stage!r}"
+        )
+    if expected_task_version is not None and expected_task_version != task_version:
+        raise TaskVersionMismatch(
+            f"task_version is {task_version}, not the expected {expected_task_version}"
+        )
+    transition = pipeline.find_transition(stage, trigger)
+    if transition is None:
+        raise IllegalTransition(f"no transition from stage {stage!r} on trigger {trigger!r}")
+    return transition

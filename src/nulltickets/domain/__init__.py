@@ -1,0 +1,1 @@
+"""Domain types and rules; imports nothing from storage or http."""

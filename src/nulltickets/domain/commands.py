@@ -1,0 +1,110 @@
+"""What clients ask for: the request bodies of every write, as msgspec Structs.
+
+Unknown keys are ignored; `null` equals absent for optional fields. Integers are bounded to
+SQLite's 64-bit range so that no value can overflow on its way into the database. Free-form
+JSON fields arrive as `msgspec.Raw` and are stored as compact JSON text.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+
+from nulltickets.errors import InvalidJson
+
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+JsonValue = Raw | UnsetType
+
+
+def compact_json(value: JsonValue, default: str | None) -> str | None:
+    """Compact JSON text of a free-form field; `default` when absent or null."""
+    if value is UNSET:
+        return default
+    try:
+        decoded = msgspec.json.decode(value)
+    except RecursionError:
+        raise InvalidJson("JSON value is nested too deeply") from None
+    if decoded is None:
+        return default
+    return msgspec.json.encode(decoded).decode()
+
+
+class CreatePipeline(Struct):
+    name: str
+    definition: JsonValue = UNSET
+
+
+class RetryPolicy(Struct):
+    max_attempts: Int64 | None = None
+    retry_delay_ms: Int64 | None = None
+    dead_letter_stage: str | None = None
+
+
+class CreateTask(Struct):
+    pipeline_id: str
+    title: str
+    description: str
+    priority: Int64 | None = None
+    metadata: JsonValue = UNSET
+    retry_policy: RetryPolicy | None = None
+    dependencies: list[str] | None = None
+    assigned_agent_id: str | None = None
+    assigned_by: str | None = None
+
+
+class CreateTasks(Struct):
+    tasks: list[CreateTask]
+
+
+class AddDependency(Struct):
+    depends_on_task_id: str
+
+
+class Assign(Struct):
+    agent_id: str
+    assigned_by: str | None = None
+
+
+class Concurrency(Struct):
+    per_state: JsonValue = UNSET
+
+
+class Claim(Struct):
+    agent_id: str
+    agent_role: str
+    lease_ttl_ms: Int64 | None = None
+    concurrency: Concurrency | None = None
+
+
+class Heartbeat(Struct):
+    lease_ttl_ms: Int64 | None = None
+
+
+class AppendEvent(Struct):
+    kind: str
+    data: JsonValue = UNSET
+
+
+class MoveTask(Struct):
+    trigger: str
+    instructions: str | None = None
+    usage: JsonValue = UNSET
+    expected_stage: str | None = None
+    expected_task_version: Int64 | None = None
+
+
+class FailRun(Struct):
+    error: str
+    usage: JsonValue = UNSET
+
+
+class CreateArtifact(Struct):
+    kind: str
+    uri: str
+    task_id: str | None = None
+    run_id: str | None = None
+    sha256: str | None = None
+    size_bytes: Int64 | None = None
+    meta: JsonValue = UNSET

@@ -1,0 +1,170 @@
+"""The resources a client sees, as msgspec Structs. They are both what storage returns and what
+the HTTP layer encodes, so the OpenAPI schemas derive from the same definitions.
+
+Free-form JSON columns (definition, metadata, data, meta, value) travel as `msgspec.Raw`: the
+stored compact JSON text is embedded in responses without being parsed again.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"  # left by transition (completed), fail (failed) or lease expiry (stale)
+    COMPLETED = "completed"  # final
+    FAILED = "failed"  # final; counts as a failed attempt
+    STALE = "stale"  # final; its lease expired, which also counts as a failed attempt
+
+
+class Pipeline(Struct):
+    id: str
+    name: str
+    definition: Raw
+    created_at_ms: int
+
+
+class Task(Struct):
+    id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    description: str
+    priority: int
+    metadata: Raw
+    task_version: int
+    next_eligible_at_ms: int
+    retry_delay_ms: int
+    max_attempts: int | None
+    dead_letter_stage: str | None
+    dead_letter_reason: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class Run(Struct):
+    id: str
+    task_id: str
+    attempt: int
+    status: str
+    agent_id: str | None
+    agent_role: str | None
+    started_at_ms: int | None
+    ended_at_ms: int | None
+
+
+class Dependency(Struct):
+    depends_on_task_id: str
+    resolved: bool
+
+
+class Assignment(Struct):
+    task_id: str
+    agent_id: str
+    assigned_by: str | None
+    active: bool
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class TaskAssignment(Struct):
+    """An assignment as shown inside task details (the contract leaves out task_id there)."""
+
+    agent_id: str
+    assigned_by: str | None
+    active: bool
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class AvailableTransition(Struct):
+    trigger: str
+    to: str
+    required_gates: list[str]
+
+
+class TaskDetails(Task):
+    latest_run: Run | UnsetType = UNSET
+    dependencies: list[Dependency] = msgspec.field(default_factory=list)
+    assignments: list[TaskAssignment] = msgspec.field(default_factory=list)
+    available_transitions: list[AvailableTransition] = msgspec.field(default_factory=list)
+
+
+class ClaimedTask(Task):
+    available_transitions: list[AvailableTransition] = msgspec.field(default_factory=list)
+
+
+class Event(Struct):
+    id: int
+    run_id: str
+    ts_ms: int
+    kind: str
+    data: Raw
+
+
+class Artifact(Struct):
+    id: str
+    task_id: str | None
+    run_id: str | None
+    created_at_ms: int
+    kind: str
+    uri: str
+    sha256: str | None
+    size_bytes: int | None
+    meta: Raw
+
+
+class StageCount(Struct):
+    stage: str
+    count: int
+
+
+class LeaseRow(Struct):
+    """A lease as the lease checks need it (never sent to clients)."""
+
+    id: str
+    run_id: str
+    task_id: str
+    token_hash: bytes
+    expires_at_ms: int
+    ttl_ms: int | None
+
+
+class ClaimResult(Struct):
+    task: ClaimedTask
+    run: Run
+    lease_id: str
+    lease_token: str
+    expires_at_ms: int
+
+
+class TransitionResult(Struct):
+    previous_stage: str
+    new_stage: str
+    trigger: str
+
+
+class Health(Struct):
+    status: str
+    version: str
+    tasks_by_stage: list[StageCount]
+    active_leases: int
+    core: str
+
+
+class TaskPage(Struct):
+    items: list[Task]
+    next_cursor: str | None
+
+
+class EventPage(Struct):
+    items: list[Event]
+    next_cursor: str | None
+
+
+class ArtifactPage(Struct):
+    items: list[Artifact]
+    next_cursor: str | None

@@ -1,0 +1,44 @@
+"""Lease and admin tokens: generation, parsing and constant-time comparison.
+
+A lease token is 32 random bytes shown once to the claimer as 64 hex characters; only
+SHA-256 of the raw bytes is ever stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from nulltickets.errors import Unauthorized
+
+TOKEN_BYTES = 32
+
+
+def new_lease_token() -> tuple[str, bytes]:
+    """Return (token as 64 lowercase hex chars, SHA-256 of its raw bytes)."""
+    raw = secrets.token_bytes(TOKEN_BYTES)
+    return raw.hex(), hashlib.sha256(raw).digest()
+
+
+def lease_token_hash(token: str) -> bytes:
+    """Hash a presented lease token; anything but exactly 64 hex characters is unauthorized."""
+    if len(token) != TOKEN_BYTES * 2:
+        raise Unauthorized("lease token must be 64 hex characters")
+    try:
+        raw = bytes.fromhex(token)
+    except ValueError:
+        raise Unauthorized("lease token must be 64 hex characters") from None
+    return hashlib.sha256(raw).digest()
+
+
+def same_hash(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)
+
+
+def same_token(presented: str, expected: str) -> bool:
+    """Constant-time comparison of two secrets of possibly different lengths."""
+    return hmac.compare_digest(
+        hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest(),
+        hashlib.sha256(expected.encode("utf-8", "surrogateescape")).digest(),
+    )

@@ -1,0 +1,1 @@
+"""HTTP: the RSGI application, its route table, wire encoding and the one error mapping."""

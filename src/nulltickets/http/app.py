@@ -1,0 +1,140 @@
+"""The RSGI application granian runs: `__rsgi_init__` opens the database inside the worker,
+`__rsgi__` serves one request, `__rsgi_del__` finishes queued writes and closes the file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from nulltickets.config import Settings
+from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
+from nulltickets.http.errors import EXTRA_HEADERS, error_response
+from nulltickets.http.handlers import Context, check_admin
+from nulltickets.http.request import Request
+from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
+from nulltickets.service import Tracker, now_ms
+from nulltickets.storage.sqlite.database import Database
+
+log = logging.getLogger("nulltickets")
+
+JSON = ("content-type", "application/json")
+
+
+class App:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.router = Router(ROUTES)
+        self.ctx: Context | None = None
+        self._upkeep: asyncio.Task[None] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        db = Database(self.settings.db, durability=self.settings.durability)
+        db.open()
+        self.ctx = Context(db, Tracker(), self.settings.token)
+        self._upkeep = loop.create_task(self._maintain())
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                loop.run_until_complete(self._upkeep)
+        if self.ctx is not None:
+            self.ctx.db.close()
+            self.ctx = None
+
+    async def _maintain(self) -> None:
+        """Expire overdue leases promptly (not only when someone claims) and drop old
+        idempotency records."""
+        assert self.ctx is not None
+        ctx = self.ctx
+        last_purge = 0
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            try:
+                now = now_ms()
+                await ctx.db.write(lambda b: ctx.tracker.reap_expired(b, now))
+                if now - last_purge > 3_600_000:
+                    await ctx.db.write(lambda b: ctx.tracker.purge_idempotency(b, now))
+                    last_purge = now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # busy or full: try again next round
+                log.warning("maintenance failed: %s", exc)
+
+    # --- requests ------------------------------------------------------------------------------
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto != "http":
+            return
+        try:
+            status, body = await self._handle(scope, proto)
+        except BaseException as exc:  # every failure becomes the JSON envelope
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            status, body = error_response(exc)
+        headers = [JSON]
+        extra = EXTRA_HEADERS.get(status)
+        if extra:
+            headers.extend(extra)
+        proto.response_bytes(status, headers, body)
+
+    async def _handle(self, scope: Any, proto: Any) -> tuple[int, bytes]:
+        ctx = self.ctx
+        assert ctx is not None
+        path: str = scope.path
+        segments = [s for s in path.split("/") if s]
+        req = Request(scope.method, path, segments, scope.query_string, scope.headers)
+        if ctx.admin_token is not None:
+            kind = gate(segments)
+            if kind is Auth.ADMIN:
+                check_admin(ctx, req)
+            elif kind is Auth.LEASE and req.bearer() is None:
+                raise Unauthorized("missing Authorization: Bearer token")
+        found = self.router.match(req.method, segments)
+        if found is None:
+            raise NotFound(f"no route for {req.method} {path}")
+        route, req.params = found
+        if req.method in WRITE_METHODS:
+            req.body = await self._read_body(scope, proto)
+        reply = await route.handler(ctx, req)
+        return reply.status, reply.body
+
+    async def _read_body(self, scope: Any, proto: Any) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = scope.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > limit:
+                    raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            except ValueError:
+                pass
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                if declared is not None:
+                    body: bytes = await proto()
+                else:
+                    chunks, size = [], 0
+                    async for chunk in proto:
+                        size += len(chunk)
+                        if size > limit:
+                            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+                        chunks.append(chunk)
+                    body = b"".join(chunks)
+        except TimeoutError:
+            raise RequestTimeout() from None
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        return body
+
+
+def load_app(target: str = "") -> App:
+    """granian's target loader: runs inside the worker, configured through the environment."""
+    settings = Settings.from_env()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="[%(levelname)s] %(name)s: %(message)s"
+    )
+    return App(settings)

@@ -1,0 +1,369 @@
+"""Handlers: decode the request, call the service on the right connection, encode the result.
+
+Writes go through `Context.write`, which runs them on the writer and, when the request carries
+an `Idempotency-Key`, records or replays the response in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from nulltickets.domain import commands as cmd
+from nulltickets.domain.model import ClaimResult
+from nulltickets.domain.tokens import lease_token_hash, same_token
+from nulltickets.errors import InvalidJson, InvalidRequest, Unauthorized
+from nulltickets.http.request import Request
+from nulltickets.service import Reply, Tracker, now_ms
+from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
+from nulltickets.storage.sqlite.database import Database
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+
+class IdBody(msgspec.Struct):
+    id: str
+
+
+class IdsBody(msgspec.Struct):
+    ids: list[str]
+
+
+class StatusBody(msgspec.Struct):
+    status: str
+
+
+class ExpiresBody(msgspec.Struct):
+    expires_at_ms: int
+
+
+class EventIdBody(msgspec.Struct):
+    id: int
+
+
+class RunStateBody(msgspec.Struct):
+    run_id: str
+
+
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
+def decode(kind: type[T], body: bytes) -> T:
+    """Decode a JSON body into `kind`; anything unparsable is 400 invalid_json."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind, strict=False)
+    try:
+        value: T = decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidJson(f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise InvalidJson("invalid JSON body: nested too deeply") from None
+    return value
+
+
+def decode_later(kind: type[T], body: bytes) -> Callable[[], T]:
+    """Decode now, but report a bad body only when called (after the lease checks)."""
+    try:
+        value = decode(kind, body)
+    except InvalidJson as exc:
+        error = exc
+
+        def fail() -> T:
+            raise error
+
+        return fail
+    return lambda: value
+
+
+@dataclass
+class Context:
+    db: Database
+    tracker: Tracker
+    admin_token: str | None
+
+    async def read(self, job: Callable[[Backend], T]) -> T:
+        return await self.db.read(job)
+
+    async def write(
+        self,
+        req: Request,
+        execute: Callable[[Backend, int], Reply],
+        *,
+        auth_hash: bytes | None = None,
+        redact: Callable[[bytes], bytes] | None = None,
+        revive: Callable[[Backend, bytes], bytes] | None = None,
+    ) -> Reply:
+        key = req.header("idempotency-key")
+        tracker = self.tracker
+
+        def job(b: Backend) -> Reply:
+            now = now_ms()
+            if key is None:
+                return execute(b, now)
+            return tracker.idempotent(
+                b,
+                key=key,
+                method=req.method,
+                path=req.path,
+                request_hash=req.body_hash(),
+                auth_hash=auth_hash,
+                execute=lambda: execute(b, now),
+                now=now,
+                redact=redact,
+                revive=(lambda body: revive(b, body)) if revive is not None else None,
+            )
+
+        return await self.db.write(job)
+
+
+def ok(status: int, value: Any) -> Reply:
+    return Reply(status, encode(value))
+
+
+NO_CONTENT = Reply(204, b"")
+
+
+# --- health ------------------------------------------------------------------------------------
+
+
+async def health(ctx: Context, req: Request) -> Reply:
+    now = now_ms()
+    return ok(200, await ctx.read(lambda b: ctx.tracker.health(b, now)))
+
+
+# --- pipelines ---------------------------------------------------------------------------------
+
+
+async def create_pipeline(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.CreatePipeline, req.body)
+    return await ctx.write(
+        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_pipeline(b, command, now)))
+    )
+
+
+async def list_pipelines(ctx: Context, req: Request) -> Reply:
+    return ok(200, await ctx.read(ctx.tracker.list_pipelines))
+
+
+async def get_pipeline(ctx: Context, req: Request) -> Reply:
+    pipeline_id = req.params["id"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.get_pipeline(b, pipeline_id)))
+
+
+# --- tasks -------------------------------------------------------------------------------------
+
+
+async def create_task(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.CreateTask, req.body)
+    return await ctx.write(
+        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_task(b, command, now)))
+    )
+
+
+async def create_tasks(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.CreateTasks, req.body)
+    if not command.tasks:
+        raise InvalidRequest("tasks must not be empty")
+    return await ctx.write(
+        req, lambda b, now: ok(201, IdsBody(ctx.tracker.create_tasks(b, command.tasks, now)))
+    )
+
+
+async def list_tasks(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(50)
+    after = req.composite_cursor()
+    stage, pipeline_id = req.query.get("stage"), req.query.get("pipeline_id")
+    items, cursor = await ctx.read(
+        lambda b: ctx.tracker.list_tasks(
+            b, stage=stage, pipeline_id=pipeline_id, after=after, limit=limit
+        )
+    )
+    return ok(200, {"items": items, "next_cursor": cursor})
+
+
+async def get_task(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.get_task(b, task_id)))
+
+
+async def run_state(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    return ok(200, RunStateBody(await ctx.read(lambda b: ctx.tracker.run_state(b, task_id))))
+
+
+async def add_dependency(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    command = decode(cmd.AddDependency, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.add_dependency(b, task_id, command.depends_on_task_id, now)
+        return ok(201, StatusBody("created"))
+
+    return await ctx.write(req, execute)
+
+
+async def list_dependencies(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.list_dependencies(b, task_id)))
+
+
+async def assign(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    command = decode(cmd.Assign, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.assign(b, task_id, command, now)
+        return ok(201, StatusBody("assigned"))
+
+    return await ctx.write(req, execute)
+
+
+async def list_assignments(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.list_assignments(b, task_id)))
+
+
+async def unassign(ctx: Context, req: Request) -> Reply:
+    task_id, agent_id = req.params["id"], req.params["agent_id"]
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.unassign(b, task_id, agent_id, now)
+        return ok(200, StatusBody("unassigned"))
+
+    return await ctx.write(req, execute)
+
+
+# --- leases and runs ---------------------------------------------------------------------------
+
+_REDACTED_TOKEN = ""
+
+
+async def claim(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.Claim, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        result = ctx.tracker.claim(b, command, now)
+        return NO_CONTENT if result is None else ok(200, result)
+
+    def redact(body: bytes) -> bytes:
+        # Lease tokens are never stored in clear, not even in the idempotency record.
+        result = msgspec.json.decode(body, type=ClaimResult)
+        result.lease_token = _REDACTED_TOKEN
+        return encode(result)
+
+    def revive(b: Backend, body: bytes) -> bytes:
+        result = msgspec.json.decode(body, type=ClaimResult)
+        result.lease_token = ctx.tracker.rotate_claim_token(b, result.lease_id)
+        return encode(result)
+
+    return await ctx.write(req, execute, redact=redact, revive=revive)
+
+
+def _lease_hash(req: Request) -> bytes:
+    return lease_token_hash(req.require_bearer())
+
+
+async def heartbeat(ctx: Context, req: Request) -> Reply:
+    lease_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    # The body is optional; when present it may ask for a new TTL.
+    command = decode_later(cmd.Heartbeat, req.body) if req.body.strip() else cmd.Heartbeat
+
+    def execute(b: Backend, now: int) -> Reply:
+        expires = ctx.tracker.heartbeat(b, lease_id, token_hash, command(), now)
+        return ok(200, ExpiresBody(expires))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def append_event(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.AppendEvent, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        return ok(201, EventIdBody(ctx.tracker.append_event(b, run_id, command(), now)))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def list_events(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    if ctx.admin_token is not None:
+        # The original lets any bearer read events; require the admin token or this run's lease.
+        token = req.require_bearer()
+        if not same_token(token, ctx.admin_token):
+            token_hash = lease_token_hash(token)
+            now = now_ms()
+            await ctx.read(lambda b: ctx.tracker.check_run_lease(b, run_id, token_hash, now))
+    limit = req.limit(100)
+    after = req.event_cursor()
+    items, cursor = await ctx.read(lambda b: ctx.tracker.list_events(b, run_id, after, limit))
+    return ok(200, {"items": items, "next_cursor": cursor})
+
+
+async def transition(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.MoveTask, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        return ok(200, ctx.tracker.transition(b, lease, command(), now))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def fail(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.FailRun, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        ctx.tracker.fail(b, lease, command(), now)
+        return ok(200, StatusBody("failed"))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+# --- artifacts ---------------------------------------------------------------------------------
+
+
+async def create_artifact(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.CreateArtifact, req.body)
+    return await ctx.write(
+        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_artifact(b, command, now)))
+    )
+
+
+async def list_artifacts(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    after = req.composite_cursor()
+    task_id, run_id = req.query.get("task_id"), req.query.get("run_id")
+    items, cursor = await ctx.read(
+        lambda b: ctx.tracker.list_artifacts(
+            b, task_id=task_id, run_id=run_id, after=after, limit=limit
+        )
+    )
+    return ok(200, {"items": items, "next_cursor": cursor})
+
+
+def check_admin(ctx: Context, req: Request) -> None:
+    token = req.bearer()
+    if ctx.admin_token is not None and (token is None or not same_token(token, ctx.admin_token)):
+        raise Unauthorized("missing or invalid admin token")
+
+
+async def openapi(ctx: Context, req: Request) -> Reply:
+    from nulltickets.http.openapi import document  # the document is built from the route table
+
+    return Reply(200, document())

@@ -1,0 +1,93 @@
+"""A request as handlers see it: method, path segments, decoded query, headers and body."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote_plus
+
+from nulltickets.errors import InvalidCursor, InvalidLimit, Unauthorized
+
+MAX_LIMIT = 1000
+
+
+def parse_query(query_string: str) -> dict[str, str]:
+    """`name=value` pairs only, first occurrence wins, values percent-decoded (`+` is a space)."""
+    params: dict[str, str] = {}
+    if not query_string:
+        return params
+    for pair in query_string.split("&"):
+        name, sep, value = pair.partition("=")
+        if sep and name not in params:
+            params[name] = unquote_plus(value, errors="replace")
+    return params
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    segments: list[str]
+    query_string: str
+    headers: Any  # granian's RSGIHeaders (case-insensitive .get)
+    body: bytes = b""
+    params: dict[str, str] = field(default_factory=dict)
+    _query: dict[str, str] | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        if self._query is None:
+            self._query = parse_query(self.query_string)
+        return self._query
+
+    def header(self, name: str) -> str | None:
+        value: str | None = self.headers.get(name)
+        return value
+
+    def bearer(self) -> str | None:
+        """The token of `Authorization: Bearer <token>` (prefix case-sensitive), else None."""
+        value = self.header("authorization")
+        if value is None or not value.startswith("Bearer "):
+            return None
+        return value[7:]
+
+    def require_bearer(self) -> str:
+        token = self.bearer()
+        if token is None:
+            raise Unauthorized("missing Authorization: Bearer token")
+        return token
+
+    def body_hash(self) -> bytes:
+        return hashlib.sha256(self.body).digest()
+
+    def limit(self, default: int) -> int:
+        raw = self.query.get("limit")
+        try:
+            limit = int(raw) if raw is not None else default
+        except ValueError:
+            limit = default
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidLimit(f"limit must be between 1 and {MAX_LIMIT}")
+        return limit
+
+    def composite_cursor(self) -> tuple[int, str] | None:
+        raw = self.query.get("cursor")
+        if raw is None:
+            return None
+        left, sep, right = raw.partition(":")
+        try:
+            if not sep or not left or not right:
+                raise ValueError
+            return int(left), right
+        except ValueError:
+            raise InvalidCursor("cursor must look like <created_at_ms>:<id>") from None
+
+    def event_cursor(self) -> int:
+        raw = self.query.get("cursor")
+        if raw is None:
+            return 0
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidCursor("cursor must be an event id") from None

@@ -1,0 +1,189 @@
+"""The route table: (method, path pattern) -> handler, with what OpenAPI needs to describe it.
+
+Matching follows the contract: empty path segments are ignored, a wrong method is a 404, and
+the lease routes (heartbeat and /runs/{id}/...) accept extra trailing segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nulltickets import errors as e
+from nulltickets.domain import commands as cmd
+from nulltickets.domain import model
+from nulltickets.http import handlers as h
+from nulltickets.http.request import Request
+from nulltickets.service import Reply
+
+Handler = Callable[[h.Context, Request], Awaitable[Reply]]
+
+
+class Auth(StrEnum):
+    NONE = "none"  # never gated
+    ADMIN = "admin"  # admin token when one is configured
+    LEASE = "lease"  # the lease token of the run or lease in the path
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    description: str
+    kind: str = "string"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: str
+    handler: Handler
+    summary: str
+    auth: Auth = Auth.ADMIN
+    request: Any = None
+    response: Any = None
+    status: int = 200
+    errors: tuple[type[e.TrackerError], ...] = ()
+    query: tuple[Query, ...] = ()
+    trailing: bool = False  # extra trailing segments are ignored
+    tag: str = ""
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(p for p in self.pattern.split("/") if p)
+
+    def match(self, segments: list[str]) -> dict[str, str] | None:
+        parts = self.parts
+        if len(segments) < len(parts) or (len(segments) > len(parts) and not self.trailing):
+            return None
+        params: dict[str, str] = {}
+        for part, seg in zip(parts, segments, strict=False):
+            if part.startswith("{"):
+                params[part[1:-1]] = seg
+            elif part != seg:
+                return None
+        return params
+
+
+PAGE = (
+    Query("limit", "Page size, 1..1000.", "integer"),
+    Query("cursor", "The next_cursor of the previous page."),
+)
+LEASE_ERRORS = (e.Unauthorized, e.NotFound, e.LeaseExpired)
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", h.health, "Liveness, version and queue counts.", Auth.NONE,
+          response=model.Health, tag="discovery"),
+    Route("GET", "/openapi.json", h.openapi, "This OpenAPI document.", Auth.NONE,
+          tag="discovery"),
+    Route("GET", "/.well-known/openapi.json", h.openapi, "This OpenAPI document.", Auth.NONE,
+          tag="discovery"),
+    Route("POST", "/pipelines", h.create_pipeline, "Create a pipeline (immutable).",
+          request=cmd.CreatePipeline, response=h.IdBody, status=201,
+          errors=(e.InvalidJson, e.InvalidPipeline, e.DuplicateName), tag="pipelines"),
+    Route("GET", "/pipelines", h.list_pipelines, "List pipelines, newest first.",
+          response=list[model.Pipeline], tag="pipelines"),
+    Route("GET", "/pipelines/{id}", h.get_pipeline, "Get a pipeline.",
+          response=model.Pipeline, errors=(e.NotFound,), tag="pipelines"),
+    Route("POST", "/tasks/bulk", h.create_tasks, "Create many tasks in one transaction.",
+          request=cmd.CreateTasks, response=h.IdsBody, status=201,
+          errors=(e.InvalidJson, e.InvalidRequest, e.PipelineNotFound, e.TaskNotFound,
+                  e.DuplicateDependency), tag="tasks"),
+    Route("POST", "/tasks", h.create_task, "Create a task in its pipeline's initial stage.",
+          request=cmd.CreateTask, response=h.IdBody, status=201,
+          errors=(e.InvalidJson, e.PipelineNotFound, e.TaskNotFound, e.DuplicateDependency),
+          tag="tasks"),
+    Route("GET", "/tasks", h.list_tasks, "List tasks, oldest first, by keyset pages.",
+          response=model.TaskPage, errors=(e.InvalidLimit, e.InvalidCursor),
+          query=(Query("stage", "Only tasks in this stage."),
+                 Query("pipeline_id", "Only tasks of this pipeline."), *PAGE), tag="tasks"),
+    Route("GET", "/tasks/{id}", h.get_task,
+          "A task with its latest run, dependencies, assignments and available transitions.",
+          response=model.TaskDetails, errors=(e.NotFound,), tag="tasks"),
+    Route("GET", "/tasks/{id}/run-state", h.run_state, "The task's current or latest run id.",
+          response=h.RunStateBody, errors=(e.NotFound,), tag="tasks"),
+    Route("POST", "/tasks/{id}/dependencies", h.add_dependency,
+          "Make the task wait for another task.", request=cmd.AddDependency,
+          response=h.StatusBody, status=201,
+          errors=(e.InvalidJson, e.InvalidDependency, e.TaskNotFound,
+                  e.DependencyTaskNotFound, e.DuplicateDependency), tag="tasks"),
+    Route("GET", "/tasks/{id}/dependencies", h.list_dependencies,
+          "The task's dependencies and whether each is resolved.",
+          response=list[model.Dependency], tag="tasks"),
+    Route("POST", "/tasks/{id}/assignments", h.assign,
+          "Assign the task to one agent (replaces the active assignment).",
+          request=cmd.Assign, response=h.StatusBody, status=201,
+          errors=(e.InvalidJson, e.TaskNotFound), tag="tasks"),
+    Route("GET", "/tasks/{id}/assignments", h.list_assignments,
+          "Every assignment of the task, active or not.",
+          response=list[model.Assignment], tag="tasks"),
+    Route("DELETE", "/tasks/{id}/assignments/{agent_id}", h.unassign,
+          "End the agent's active assignment.", response=h.StatusBody,
+          errors=(e.NotFound,), tag="tasks"),
+    Route("POST", "/leases/claim", h.claim,
+          "Claim the most urgent eligible task for a role (204 when there is none).",
+          request=cmd.Claim, response=model.ClaimResult,
+          errors=(e.InvalidJson, e.InvalidLeaseTtl), tag="leases"),
+    Route("POST", "/leases/{id}/heartbeat", h.heartbeat,
+          "Extend a lease by its TTL (or the lease_ttl_ms given).", Auth.LEASE,
+          request=cmd.Heartbeat, response=h.ExpiresBody,
+          errors=(*LEASE_ERRORS, e.InvalidJson, e.InvalidLeaseTtl), trailing=True,
+          tag="leases"),
+    Route("POST", "/runs/{id}/events", h.append_event, "Append an event to a run.",
+          Auth.LEASE, request=cmd.AppendEvent, response=h.EventIdBody, status=201,
+          errors=(*LEASE_ERRORS, e.InvalidJson), trailing=True, tag="runs"),
+    Route("GET", "/runs/{id}/events", h.list_events, "A run's events, oldest first.",
+          Auth.LEASE, response=model.EventPage,
+          errors=(e.Unauthorized, e.InvalidLimit, e.InvalidCursor), query=PAGE,
+          trailing=True, tag="runs"),
+    Route("POST", "/runs/{id}/transition", h.transition,
+          "Complete the run and move its task along a transition.", Auth.LEASE,
+          request=cmd.MoveTask, response=model.TransitionResult,
+          errors=(*LEASE_ERRORS, e.InvalidJson, e.RunNotRunning, e.IllegalTransition,
+                  e.ExpectedStageMismatch, e.TaskVersionMismatch), trailing=True, tag="runs"),
+    Route("POST", "/runs/{id}/fail", h.fail,
+          "Fail the run: retry later or dead-letter by the task's policy.", Auth.LEASE,
+          request=cmd.FailRun, response=h.StatusBody,
+          errors=(*LEASE_ERRORS, e.InvalidJson), trailing=True, tag="runs"),
+    Route("POST", "/artifacts", h.create_artifact, "Record an artifact.",
+          request=cmd.CreateArtifact, response=h.IdBody, status=201,
+          errors=(e.InvalidJson, e.TaskNotFound, e.NotFound), tag="artifacts"),
+    Route("GET", "/artifacts", h.list_artifacts, "List artifacts, oldest first.",
+          response=model.ArtifactPage, errors=(e.InvalidLimit, e.InvalidCursor),
+          query=(Query("task_id", "Only artifacts of this task."),
+                 Query("run_id", "Only artifacts of this run."), *PAGE), tag="artifacts"),
+)  # fmt: skip
+
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE"})
+
+
+class Router:
+    def __init__(self, routes: tuple[Route, ...]) -> None:
+        self._by_head: dict[tuple[str, str], list[Route]] = {}
+        for route in routes:
+            head = route.parts[0] if route.parts else ""
+            self._by_head.setdefault((route.method, head), []).append(route)
+
+    def match(self, method: str, segments: list[str]) -> tuple[Route, dict[str, str]] | None:
+        head = segments[0] if segments else ""
+        for route in self._by_head.get((method, head), ()):
+            params = route.match(segments)
+            if params is not None:
+                return route, params
+        return None
+
+
+def gate(segments: list[str]) -> Auth:
+    """How the admin-token gate treats a path, by its segments alone (any method)."""
+    n = len(segments)
+    if n == 1 and segments[0] in ("health", "openapi.json"):
+        return Auth.NONE
+    if n == 2 and segments == [".well-known", "openapi.json"]:
+        return Auth.NONE
+    if n >= 3 and (
+        (segments[0] == "leases" and segments[2] == "heartbeat")
+        or (segments[0] == "runs" and segments[2] in ("events", "transition", "fail"))
+    ):
+        return Auth.LEASE
+    return Auth.ADMIN

@@ -1,0 +1,491 @@
+"""One function per API verb. Each runs inside a transaction the caller provides: writes on the
+writer's connection (one savepoint each), reads inside a reader's snapshot. Decisions come from
+`core`; rows come from the storage backend.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from nulltickets import __version__, core
+from nulltickets.domain import fsm
+from nulltickets.domain.commands import (
+    AppendEvent,
+    Assign,
+    Claim,
+    CreateArtifact,
+    CreatePipeline,
+    CreateTask,
+    FailRun,
+    Heartbeat,
+    MoveTask,
+    compact_json,
+)
+from nulltickets.domain.model import (
+    Artifact,
+    Assignment,
+    AvailableTransition,
+    ClaimedTask,
+    ClaimResult,
+    Dependency,
+    Event,
+    Health,
+    LeaseRow,
+    Pipeline,
+    RunStatus,
+    Task,
+    TaskAssignment,
+    TaskDetails,
+    TransitionResult,
+)
+from nulltickets.domain.tokens import new_lease_token, same_hash
+from nulltickets.errors import (
+    DependencyTaskNotFound,
+    DuplicateDependency,
+    DuplicateName,
+    IdempotencyConflict,
+    InvalidDependency,
+    InvalidPipeline,
+    LeaseExpired,
+    LeaseNotFound,
+    NotFound,
+    PipelineNotFound,
+    RunNotFound,
+    RunNotRunning,
+    TaskNotFound,
+    TaskVersionMismatch,
+    TrackerError,
+    Unauthorized,
+)
+from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
+
+IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
+REAP_BATCH = 500
+
+_encode = msgspec.json.encode
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _json(value: Any) -> str:
+    return _encode(value).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An encoded response, as stored for idempotent replay."""
+
+    status: int
+    body: bytes
+
+
+class Tracker:
+    """The service. Holds no state but a cache of parsed pipeline definitions (they are
+    immutable once created)."""
+
+    def __init__(self) -> None:
+        self._pipelines: dict[str, fsm.Pipeline | None] = {}
+        self._lock = threading.Lock()
+
+    # --- pipelines -----------------------------------------------------------------------------
+
+    def _definition(self, b: Backend, pipeline_id: str) -> fsm.Pipeline | None:
+        """Parsed definition of an existing pipeline; None if it is unknown or unparsable."""
+        cached = self._pipelines.get(pipeline_id, False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        row = b.get_pipeline(pipeline_id)
+        if row is None:
+            return None
+        try:
+            parsed = fsm.load_definition(msgspec.json.decode(row.definition))
+        except msgspec.DecodeError:
+            parsed = None
+        with self._lock:
+            self._pipelines[pipeline_id] = parsed
+        return parsed
+
+    def create_pipeline(self, b: Backend, cmd: CreatePipeline, now: int) -> str:
+        definition_json = compact_json(cmd.definition, None)
+        if definition_json is None:
+            raise InvalidPipeline("invalid pipeline definition: $ must be an object")
+        pipeline = fsm.parse_definition(json.loads(definition_json))
+        if b.pipeline_name_taken(cmd.name):
+            raise DuplicateName(f"a pipeline named {cmd.name!r} already exists")
+        pipeline_id = new_id()
+        b.insert_pipeline(pipeline_id, cmd.name, definition_json, now)
+        for state in pipeline.states.values():
+            b.insert_pipeline_stage(pipeline_id, state.name, state.agent_role, state.terminal)
+        return pipeline_id
+
+    def get_pipeline(self, b: Backend, pipeline_id: str) -> Pipeline:
+        pipeline = b.get_pipeline(pipeline_id)
+        if pipeline is None:
+            raise NotFound("pipeline not found")
+        return pipeline
+
+    def list_pipelines(self, b: Backend) -> list[Pipeline]:
+        return b.list_pipelines()
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    def create_task(self, b: Backend, cmd: CreateTask, now: int) -> str:
+        if b.get_pipeline(cmd.pipeline_id) is None:
+            raise PipelineNotFound(f"pipeline {cmd.pipeline_id!r} not found")
+        pipeline = self._definition(b, cmd.pipeline_id)
+        if pipeline is None:
+            raise TrackerError("the pipeline's stored definition cannot be read")
+        policy = cmd.retry_policy
+        task_id = new_id()
+        b.insert_task(
+            id=task_id,
+            pipeline_id=cmd.pipeline_id,
+            stage=pipeline.initial,
+            title=cmd.title,
+            description=cmd.description,
+            priority=cmd.priority or 0,
+            metadata_json=compact_json(cmd.metadata, "{}"),
+            max_attempts=policy.max_attempts if policy else None,
+            retry_delay_ms=(policy.retry_delay_ms or 0) if policy else 0,
+            dead_letter_stage=policy.dead_letter_stage if policy else None,
+            now=now,
+        )
+        seen: set[str] = set()
+        for dep in cmd.dependencies or ():
+            if not b.task_exists(dep):
+                raise TaskNotFound(f"dependency task {dep!r} not found")
+            if dep in seen:
+                raise DuplicateDependency(f"dependency {dep!r} listed twice")
+            seen.add(dep)
+            b.insert_dependency(task_id, dep, now)
+        if cmd.assigned_agent_id is not None:
+            b.deactivate_assignments(task_id, now)
+            b.upsert_assignment(task_id, cmd.assigned_agent_id, cmd.assigned_by, now)
+        return task_id
+
+    def create_tasks(self, b: Backend, cmds: list[CreateTask], now: int) -> list[str]:
+        return [self.create_task(b, cmd, now) for cmd in cmds]
+
+    def _available(self, b: Backend, task: Task) -> list[AvailableTransition]:
+        pipeline = self._definition(b, task.pipeline_id)
+        if pipeline is None:
+            return []
+        return [
+            AvailableTransition(t.trigger, t.to_stage, list(t.required_gates))
+            for t in pipeline.transitions_from(task.stage)
+        ]
+
+    def get_task(self, b: Backend, task_id: str) -> TaskDetails:
+        task = b.get_task(task_id)
+        if task is None:
+            raise NotFound("task not found")
+        latest = b.latest_run(task_id)
+        details = TaskDetails(
+            *msgspec.structs.astuple(task),
+            dependencies=b.list_dependencies(task_id),
+            assignments=[
+                TaskAssignment(a.agent_id, a.assigned_by, a.active, a.created_at_ms,
+                               a.updated_at_ms)
+                for a in b.list_assignments(task_id)
+            ],  # fmt: skip
+            available_transitions=self._available(b, task),
+        )
+        if latest is not None:
+            details.latest_run = latest
+        return details
+
+    def list_tasks(
+        self, b: Backend, *, stage: str | None, pipeline_id: str | None,
+        after: tuple[int, str] | None, limit: int,
+    ) -> tuple[list[Task], str | None]:  # fmt: skip
+        rows = b.list_tasks(stage=stage, pipeline_id=pipeline_id, after=after, limit=limit + 1)
+        return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
+
+    def run_state(self, b: Backend, task_id: str) -> str:
+        run_id = b.task_run_state(task_id)
+        if run_id is None:
+            raise NotFound("task has no run state")
+        return run_id
+
+    def add_dependency(self, b: Backend, task_id: str, depends_on: str, now: int) -> None:
+        if task_id == depends_on:
+            raise InvalidDependency()
+        if not b.task_exists(task_id):
+            raise TaskNotFound()
+        if not b.task_exists(depends_on):
+            raise DependencyTaskNotFound()
+        if b.dependency_exists(task_id, depends_on):
+            raise DuplicateDependency()
+        b.insert_dependency(task_id, depends_on, now)
+
+    def list_dependencies(self, b: Backend, task_id: str) -> list[Dependency]:
+        return b.list_dependencies(task_id)
+
+    def assign(self, b: Backend, task_id: str, cmd: Assign, now: int) -> None:
+        if not b.task_exists(task_id):
+            raise TaskNotFound()
+        b.deactivate_assignments(task_id, now)
+        b.upsert_assignment(task_id, cmd.agent_id, cmd.assigned_by, now)
+
+    def unassign(self, b: Backend, task_id: str, agent_id: str, now: int) -> None:
+        if not b.unassign(task_id, agent_id, now):
+            raise NotFound("no active assignment for this task and agent")
+
+    def list_assignments(self, b: Backend, task_id: str) -> list[Assignment]:
+        return b.list_assignments(task_id)
+
+    # --- leases --------------------------------------------------------------------------------
+
+    def reap_expired(self, b: Backend, now: int) -> int:
+        """Expire every lease past its time: the run goes stale, a `lease_expired` event is
+        written, and the expiry counts as a failed attempt under the task's retry policy."""
+        expired = b.expired_leases(now, REAP_BATCH)
+        for lease_id, run_id, task_id in expired:
+            b.delete_lease(lease_id)
+            b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now)
+            task = b.get_task(task_id)
+            assert task is not None
+            failed = b.failed_attempts(task_id)
+            b.insert_event(run_id, "lease_expired",
+                           _json({"reason": "lease_expired", "lease_id": lease_id,
+                                  "failed_attempts": failed}), now)  # fmt: skip
+            self._after_failure(b, task, run_id, failed, now)
+        return len(expired)
+
+    def _after_failure(self, b: Backend, task: Task, run_id: str, failed: int, now: int) -> None:
+        outcome = core.decide_failure(
+            stage=task.stage,
+            max_attempts=task.max_attempts,
+            retry_delay_ms=task.retry_delay_ms,
+            dead_letter_stage=task.dead_letter_stage,
+            pipeline=self._definition(b, task.pipeline_id),
+            failed_attempts=failed,
+            now=now,
+        )
+        if isinstance(outcome, core.DeadLettered):
+            target = outcome.dead_letter_stage
+            b.dead_letter_task(
+                task.id,
+                stage=target if target is not None else task.stage,
+                version_bump=1 if target is not None else 0,
+                reason=outcome.reason,
+                next_eligible_at_ms=core.DEAD_LETTER_ELIGIBLE_AT,
+                now=now,
+            )
+            data = {"reason": outcome.reason, "failed_attempts": failed,
+                    "from_stage": outcome.from_stage, "dead_letter_stage": target}  # fmt: skip
+            b.insert_event(run_id, "dead_letter", _json(data), now)
+        else:
+            b.schedule_retry(task.id, outcome.next_eligible_at_ms, now)
+            data = {"reason": "retry_scheduled", "failed_attempts": failed,
+                    "retry_delay_ms": outcome.retry_delay_ms,
+                    "next_eligible_at_ms": outcome.next_eligible_at_ms}  # fmt: skip
+            b.insert_event(run_id, "retry_scheduled", _json(data), now)
+
+    def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
+        ttl = core.lease_ttl(cmd.lease_ttl_ms)
+        self.reap_expired(b, now)
+        full = self._full_stages(b, cmd)
+        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, _json(full), now)
+        if task is None:
+            return None
+        run_id, lease_id = new_id(), new_id()
+        attempt = b.next_attempt(task.id)
+        b.insert_run(run_id, task.id, attempt, cmd.agent_id, cmd.agent_role, now)
+        token, token_hash = new_lease_token()
+        expires = now + ttl
+        b.insert_lease(id=lease_id, run_id=run_id, agent_id=cmd.agent_id, token_hash=token_hash,
+                       expires_at_ms=expires, ttl_ms=ttl, now=now)  # fmt: skip
+        run = b.get_run(run_id)
+        assert run is not None
+        claimed = ClaimedTask(*msgspec.structs.astuple(task),
+                              available_transitions=self._available(b, task))  # fmt: skip
+        return ClaimResult(claimed, run, lease_id, token, expires)
+
+    def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
+        """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
+        if cmd.concurrency is None or cmd.concurrency.per_state is msgspec.UNSET:
+            return []
+        limits = msgspec.json.decode(cmd.concurrency.per_state)
+        if not isinstance(limits, dict):
+            return []
+        full = []
+        for stage, raw in limits.items():
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                continue
+            try:
+                limit = int(raw)
+            except (OverflowError, ValueError):  # inf, nan
+                continue
+            if limit > 0 and b.leased_in_stage(stage) >= limit:
+                full.append(stage)
+        return full
+
+    def rotate_claim_token(self, b: Backend, lease_id: str) -> str:
+        """A replayed claim gets the same lease under a fresh token (tokens are never stored)."""
+        token, token_hash = new_lease_token()
+        b.rotate_lease_token(lease_id, token_hash)
+        return token
+
+    @staticmethod
+    def _live_lease(lease: LeaseRow | None, token_hash: bytes, now: int) -> LeaseRow:
+        if lease is None:
+            raise LeaseNotFound()
+        if not same_hash(lease.token_hash, token_hash):
+            raise Unauthorized("lease token does not match")
+        if lease.expires_at_ms <= now:
+            raise LeaseExpired()
+        return lease
+
+    def check_run_lease(self, b: Backend, run_id: str, token_hash: bytes, now: int) -> LeaseRow:
+        return self._live_lease(b.lease_by_run(run_id), token_hash, now)
+
+    def heartbeat(
+        self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
+    ) -> int:
+        lease = self._live_lease(b.lease_by_id(lease_id), token_hash, now)
+        ttl = core.lease_ttl(cmd.lease_ttl_ms, default=lease.ttl_ms or core.DEFAULT_LEASE_TTL_MS)
+        expires = now + ttl
+        b.extend_lease(lease.id, expires, ttl, now)
+        return expires
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    def append_event(self, b: Backend, run_id: str, cmd: AppendEvent, now: int) -> int:
+        return b.insert_event(run_id, cmd.kind, compact_json(cmd.data, "{}") or "{}", now)
+
+    def list_events(
+        self, b: Backend, run_id: str, after: int, limit: int
+    ) -> tuple[list[Event], str | None]:
+        rows = b.list_events(run_id, after, limit + 1)
+        return _page(rows, limit, lambda e: str(e.id))
+
+    def transition(
+        self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int
+    ) -> TransitionResult:
+        run = b.get_run(lease.run_id)
+        if run is None:
+            raise RunNotFound()
+        if run.status != RunStatus.RUNNING:
+            raise RunNotRunning()
+        task = b.get_task(run.task_id)
+        pipeline = self._definition(b, task.pipeline_id) if task else None
+        if task is None or pipeline is None:
+            raise TrackerError("the run's task or pipeline cannot be read")
+        move = core.decide_transition(
+            pipeline=pipeline,
+            stage=task.stage,
+            task_version=task.task_version,
+            trigger=cmd.trigger,
+            expected_stage=cmd.expected_stage,
+            expected_task_version=cmd.expected_task_version,
+        )
+        b.end_run(run.id, RunStatus.COMPLETED, compact_json(cmd.usage, "{}") or "{}", None, now)
+        if not b.move_task(task.id, move.to_stage, task.task_version, now):
+            raise TaskVersionMismatch()
+        b.delete_lease(lease.id)
+        instructions = cmd.instructions if cmd.instructions is not None else move.instructions
+        data = {"trigger": cmd.trigger, "from": task.stage, "to": move.to_stage,
+                "instructions": instructions or ""}  # fmt: skip
+        b.insert_event(run.id, "transition", _json(data), now)
+        return TransitionResult(task.stage, move.to_stage, cmd.trigger)
+
+    def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
+        task = b.get_task(lease.task_id)
+        if task is None:
+            raise TrackerError("the run's task cannot be read")
+        b.end_run(lease.run_id, RunStatus.FAILED, compact_json(cmd.usage, "{}") or "{}",
+                  cmd.error, now)  # fmt: skip
+        b.delete_lease(lease.id)
+        self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), now)
+
+    # --- artifacts -----------------------------------------------------------------------------
+
+    def create_artifact(self, b: Backend, cmd: CreateArtifact, now: int) -> str:
+        if cmd.task_id is not None and not b.task_exists(cmd.task_id):
+            raise TaskNotFound()
+        if cmd.run_id is not None and not b.run_exists(cmd.run_id):
+            raise RunNotFound("run not found")
+        artifact_id = new_id()
+        b.insert_artifact(id=artifact_id, task_id=cmd.task_id, run_id=cmd.run_id, now=now,
+                          kind=cmd.kind, uri=cmd.uri, sha256=cmd.sha256,
+                          size_bytes=cmd.size_bytes, meta_json=compact_json(cmd.meta, "{}"))  # fmt: skip
+        return artifact_id
+
+    def list_artifacts(
+        self, b: Backend, *, task_id: str | None, run_id: str | None,
+        after: tuple[int, str] | None, limit: int,
+    ) -> tuple[list[Artifact], str | None]:  # fmt: skip
+        rows = b.list_artifacts(task_id=task_id, run_id=run_id, after=after, limit=limit + 1)
+        return _page(rows, limit, lambda a: f"{a.created_at_ms}:{a.id}")
+
+    # --- health and upkeep ---------------------------------------------------------------------
+
+    def health(self, b: Backend, now: int) -> Health:
+        return Health("ok", __version__, b.tasks_by_stage(), b.active_leases(now),
+                      core.IMPLEMENTATION)  # fmt: skip
+
+    def purge_idempotency(self, b: Backend, now: int) -> int:
+        return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)
+
+    # --- idempotency ---------------------------------------------------------------------------
+
+    def idempotent(
+        self,
+        b: Backend,
+        *,
+        key: str,
+        method: str,
+        path: str,
+        request_hash: bytes,
+        auth_hash: bytes | None,
+        execute: Callable[[], Reply],
+        now: int,
+        redact: Callable[[bytes], bytes] | None = None,
+        revive: Callable[[bytes], bytes] | None = None,
+    ) -> Reply:
+        """Replay the stored success for this key, or execute and store a success.
+
+        Only successes are stored; failures run again on retry. On lease routes the stored
+        lease-token hash must match the presented one before anything is replayed.
+        """
+        stored = b.get_idempotency(key, method, path)
+        if stored is not None:
+            stored_hash, stored_auth, status, body = stored
+            if not same_hash(stored_hash, request_hash):
+                raise IdempotencyConflict()
+            if stored_auth is not None and (
+                auth_hash is None or not same_hash(stored_auth, auth_hash)
+            ):
+                raise Unauthorized("lease token does not match")
+            raw = body.encode()
+            return Reply(status, revive(raw) if revive is not None else raw)
+        reply = execute()
+        if 200 <= reply.status < 300:
+            stored_body = redact(reply.body) if redact is not None else reply.body
+            b.put_idempotency(key=key, method=method, path=path, request_hash=request_hash,
+                              auth_hash=auth_hash, status=reply.status,
+                              body=stored_body.decode(), now=now)  # fmt: skip
+        return reply
+
+
+def _page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str | None]:
+    """Trim the look-ahead row; the cursor names the last row returned, so nothing is skipped."""
+    if len(rows) > limit:
+        rows = rows[:limit]
+        return rows, cursor_of(rows[-1])
+    return rows, None

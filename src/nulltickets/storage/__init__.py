@@ -1,0 +1,1 @@
+"""Persistence. Nothing above this package imports apsw."""

@@ -1,0 +1,1 @@
+"""SQLite storage through apsw: one writer connection, a pool of readers."""

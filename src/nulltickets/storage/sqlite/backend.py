@@ -1,0 +1,298 @@
+"""SqliteBackend: every storage operation as a method named after its query in queries.sql.
+
+Methods run on whatever connection the backend wraps; transactions belong to the caller
+(the writer's batch, or a reader's snapshot).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apsw
+from msgspec import Raw
+
+from nulltickets.domain.model import (
+    Artifact,
+    Assignment,
+    Dependency,
+    Event,
+    LeaseRow,
+    Pipeline,
+    Run,
+    StageCount,
+    Task,
+)
+from nulltickets.storage.queries import load_queries
+
+Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
+
+_MIN_TIME = -(2**63)
+
+
+def _task(row: tuple[Any, ...]) -> Task:
+    (id_, pipeline_id, stage, title, description, priority, metadata, version, eligible,
+     delay, max_attempts, dl_stage, dl_reason, created, updated) = row  # fmt: skip
+    return Task(
+        id_, pipeline_id, stage, title, description, priority, Raw(metadata), version,
+        eligible, delay, max_attempts, dl_stage, dl_reason, created, updated,
+    )  # fmt: skip
+
+
+def _run(row: tuple[Any, ...]) -> Run:
+    return Run(*row)
+
+
+class SqliteBackend:
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.conn.execute(Q[name], params or {}).fetchall()
+
+    def _one(self, name: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        for row in self.conn.execute(Q[name], params):
+            return row  # type: ignore[no-any-return]
+        return None
+
+    def _value(self, name: str, params: dict[str, Any]) -> Any:
+        row = self._one(name, params)
+        return None if row is None else row[0]
+
+    def _exec(self, name: str, params: dict[str, Any]) -> int:
+        self.conn.execute(Q[name], params)
+        return self.conn.changes()  # type: ignore[no-any-return]
+
+    # --- pipelines -----------------------------------------------------------------------------
+
+    def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
+        self._exec("insert_pipeline", locals_(id=id, name=name, definition_json=definition_json,
+                                              now=now))  # fmt: skip
+
+    def insert_pipeline_stage(
+        self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
+    ) -> None:
+        self._exec(
+            "insert_pipeline_stage",
+            {"pipeline_id": pipeline_id, "stage": stage, "agent_role": agent_role,
+             "terminal": int(terminal)},
+        )  # fmt: skip
+
+    def pipeline_name_taken(self, name: str) -> bool:
+        return self._one("pipeline_name_taken", {"name": name}) is not None
+
+    def get_pipeline(self, id: str) -> Pipeline | None:
+        row = self._one("get_pipeline", {"id": id})
+        return None if row is None else Pipeline(row[0], row[1], Raw(row[2]), row[3])
+
+    def list_pipelines(self) -> list[Pipeline]:
+        return [Pipeline(r[0], r[1], Raw(r[2]), r[3]) for r in self._all("list_pipelines")]
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    def insert_task(self, **params: Any) -> None:
+        self._exec("insert_task", params)
+
+    def get_task(self, id: str) -> Task | None:
+        row = self._one("get_task", {"id": id})
+        return None if row is None else _task(row)
+
+    def task_exists(self, id: str) -> bool:
+        return self._one("task_exists", {"id": id}) is not None
+
+    def list_tasks(
+        self,
+        *,
+        stage: str | None,
+        pipeline_id: str | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> list[Task]:
+        after_created, after_id = after if after is not None else (_MIN_TIME, "")
+        params: dict[str, Any] = {"after_created": after_created, "after_id": after_id,
+                                  "limit": limit}  # fmt: skip
+        if stage is not None and pipeline_id is not None:
+            name = "list_tasks_by_pipeline_and_stage"
+        elif stage is not None:
+            name = "list_tasks_by_stage"
+        elif pipeline_id is not None:
+            name = "list_tasks_by_pipeline"
+        else:
+            name = "list_tasks"
+        if stage is not None:
+            params["stage"] = stage
+        if pipeline_id is not None:
+            params["pipeline_id"] = pipeline_id
+        return [_task(r) for r in self._all(name, params)]
+
+    def task_run_state(self, id: str) -> str | None:
+        value: str | None = self._value("task_run_state", {"id": id})
+        return value
+
+    def latest_run(self, task_id: str) -> Run | None:
+        row = self._one("latest_run", {"task_id": task_id})
+        return None if row is None else _run(row)
+
+    # --- dependencies and assignments ----------------------------------------------------------
+
+    def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
+        self._exec("insert_dependency", {"task_id": task_id,
+                                         "depends_on_task_id": depends_on_task_id, "now": now})  # fmt: skip
+
+    def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool:
+        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id}
+        return self._one("dependency_exists", params) is not None
+
+    def list_dependencies(self, task_id: str) -> list[Dependency]:
+        rows = self._all("list_dependencies", {"task_id": task_id})
+        return [Dependency(r[0], bool(r[1])) for r in rows]
+
+    def deactivate_assignments(self, task_id: str, now: int) -> None:
+        self._exec("deactivate_assignments", {"task_id": task_id, "now": now})
+
+    def upsert_assignment(
+        self, task_id: str, agent_id: str, assigned_by: str | None, now: int
+    ) -> None:
+        self._exec("upsert_assignment", {"task_id": task_id, "agent_id": agent_id,
+                                         "assigned_by": assigned_by, "now": now})  # fmt: skip
+
+    def unassign(self, task_id: str, agent_id: str, now: int) -> bool:
+        params = {"task_id": task_id, "agent_id": agent_id, "now": now}
+        return self._exec("unassign", params) > 0
+
+    def list_assignments(self, task_id: str) -> list[Assignment]:
+        rows = self._all("list_assignments", {"task_id": task_id})
+        return [Assignment(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
+
+    # --- leases and runs -----------------------------------------------------------------------
+
+    def expired_leases(self, now: int, limit: int) -> list[tuple[str, str, str]]:
+        rows = self._all("expired_leases", {"now": now, "limit": limit})
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def next_lease_expiry(self) -> int | None:
+        value: int | None = self._value("next_lease_expiry", {})
+        return value
+
+    def leased_in_stage(self, stage: str) -> int:
+        return int(self._value("leased_in_stage", {"stage": stage}))
+
+    def claim_candidate(
+        self, agent_role: str, agent_id: str, full_stages_json: str, now: int
+    ) -> Task | None:
+        params = {"agent_role": agent_role, "agent_id": agent_id,
+                  "full_stages": full_stages_json, "now": now}  # fmt: skip
+        row = self._one("claim_candidate", params)
+        return None if row is None else _task(row)
+
+    def next_attempt(self, task_id: str) -> int:
+        return int(self._value("next_attempt", {"task_id": task_id}))
+
+    def insert_run(
+        self, id: str, task_id: str, attempt: int, agent_id: str, agent_role: str, now: int
+    ) -> None:
+        self._exec("insert_run", {"id": id, "task_id": task_id, "attempt": attempt,
+                                  "agent_id": agent_id, "agent_role": agent_role, "now": now})  # fmt: skip
+
+    def insert_lease(self, **params: Any) -> None:
+        self._exec("insert_lease", params)
+
+    def get_run(self, id: str) -> Run | None:
+        row = self._one("get_run", {"id": id})
+        return None if row is None else _run(row)
+
+    def lease_by_run(self, run_id: str) -> LeaseRow | None:
+        row = self._one("lease_by_run", {"run_id": run_id})
+        return None if row is None else LeaseRow(*row)
+
+    def lease_by_id(self, id: str) -> LeaseRow | None:
+        row = self._one("lease_by_id", {"id": id})
+        return None if row is None else LeaseRow(*row)
+
+    def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None:
+        self._exec("extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms,
+                                    "now": now})  # fmt: skip
+
+    def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
+        return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0
+
+    def delete_lease(self, id: str) -> None:
+        self._exec("delete_lease", {"id": id})
+
+    def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int:
+        self._exec("insert_event", {"run_id": run_id, "kind": kind, "data_json": data_json,
+                                    "now": now})  # fmt: skip
+        return int(self.conn.last_insert_rowid())
+
+    def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
+        rows = self._all("list_events", {"run_id": run_id, "after_id": after_id, "limit": limit})
+        return [Event(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
+
+    def end_run(
+        self, id: str, status: str, usage_json: str, error_text: str | None, now: int
+    ) -> bool:
+        params = {"id": id, "status": status, "usage_json": usage_json,
+                  "error_text": error_text, "now": now}  # fmt: skip
+        return self._exec("end_run", params) > 0
+
+    def move_task(self, id: str, stage: str, task_version: int, now: int) -> bool:
+        params = {"id": id, "stage": stage, "task_version": task_version, "now": now}
+        return self._exec("move_task", params) > 0
+
+    def failed_attempts(self, task_id: str) -> int:
+        return int(self._value("failed_attempts", {"task_id": task_id}))
+
+    def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None:
+        self._exec("schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms,
+                                      "now": now})  # fmt: skip
+
+    def dead_letter_task(
+        self, id: str, stage: str, version_bump: int, reason: str, next_eligible_at_ms: int,
+        now: int,
+    ) -> None:  # fmt: skip
+        self._exec("dead_letter_task", {"id": id, "stage": stage, "version_bump": version_bump,
+                                        "reason": reason,
+                                        "next_eligible_at_ms": next_eligible_at_ms, "now": now})  # fmt: skip
+
+    # --- artifacts -----------------------------------------------------------------------------
+
+    def insert_artifact(self, **params: Any) -> None:
+        self._exec("insert_artifact", params)
+
+    def run_exists(self, id: str) -> bool:
+        return self._one("run_exists", {"id": id}) is not None
+
+    def list_artifacts(
+        self, *, task_id: str | None, run_id: str | None, after: tuple[int, str] | None,
+        limit: int,
+    ) -> list[Artifact]:  # fmt: skip
+        after_created, after_id = after if after is not None else (_MIN_TIME, "")
+        rows = self._all("list_artifacts", {"task_id": task_id, "run_id": run_id,
+                                            "after_created": after_created,
+                                            "after_id": after_id, "limit": limit})  # fmt: skip
+        return [Artifact(*r[:8], Raw(r[8])) for r in rows]
+
+    # --- health --------------------------------------------------------------------------------
+
+    def tasks_by_stage(self) -> list[StageCount]:
+        return [StageCount(r[0], r[1]) for r in self._all("tasks_by_stage")]
+
+    def active_leases(self, now: int) -> int:
+        return int(self._value("active_leases", {"now": now}))
+
+    # --- idempotency ---------------------------------------------------------------------------
+
+    def get_idempotency(
+        self, key: str, method: str, path: str
+    ) -> tuple[bytes, bytes | None, int, str] | None:
+        row = self._one("get_idempotency", {"key": key, "method": method, "path": path})
+        return None if row is None else (row[0], row[1], row[2], row[3])
+
+    def put_idempotency(self, **params: Any) -> None:
+        self._exec("put_idempotency", params)
+
+    def purge_idempotency(self, before: int) -> int:
+        return self._exec("purge_idempotency", {"before": before})
+
+
+def locals_(**kw: Any) -> dict[str, Any]:
+    return kw

@@ -1,0 +1,116 @@
+"""Opening connections: small named steps, each one setting one thing."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import apsw
+
+from nulltickets.errors import StartupError, StorageReadOnly
+
+MIN_SQLITE = (3, 51, 0)
+APPLICATION_ID = 0x4E544B54  # "NTKT": marks files nulltickets has migrated
+BUSY_TIMEOUT_MS = 5000
+DURABILITY = {"full": "FULL", "normal": "NORMAL"}
+
+
+def check_sqlite() -> None:
+    """Refuse to run on an SQLite that lacks what the schema needs."""
+    version = tuple(int(p) for p in apsw.sqlite_lib_version().split(".")[:3])
+    if version < MIN_SQLITE:
+        raise StartupError(f"SQLite {apsw.sqlite_lib_version()} is too old; 3.51 or newer needed")
+    if "ENABLE_FTS5" not in apsw.compile_options:
+        raise StartupError("this SQLite was built without FTS5")
+
+
+def _open(path: str, flags: int) -> apsw.Connection:
+    try:
+        return apsw.Connection(path, flags=flags)
+    except apsw.CantOpenError as exc:
+        raise StartupError(f"cannot open database {path!r}: {exc}") from exc
+
+
+def _base_pragmas(conn: apsw.Connection) -> None:
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    conn.pragma("foreign_keys", True)
+    conn.pragma("temp_store", "MEMORY")
+    conn.pragma("cache_size", -16000)
+    # Double-quoted strings must be identifiers, never string literals.
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+
+
+def connect_writer(path: str, durability: str = "normal") -> apsw.Connection:
+    """The one read-write connection. `with conn:` opens BEGIN IMMEDIATE."""
+    conn = _open(path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI)
+    _base_pragmas(conn)
+    try:
+        mode = conn.pragma("journal_mode", "wal")
+    except apsw.ReadOnlyError as exc:
+        raise StorageReadOnly(f"database {path!r} is read-only") from exc
+    if path != ":memory:" and str(mode).lower() != "wal":
+        raise StartupError(f"cannot switch {path!r} to WAL mode (got {mode!r})")
+    conn.pragma("synchronous", DURABILITY[durability])
+    conn.transaction_mode = "IMMEDIATE"
+    return conn
+
+
+def connect_reader(path: str) -> apsw.Connection:
+    conn = _open(path, apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    _base_pragmas(conn)
+    return conn
+
+
+def ensure_parent(path: str) -> None:
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    Path(path).expanduser().absolute().parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_writable(path: str) -> None:
+    """A read-only file or directory is a start-up error, not a failure on the first write."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    p = Path(path)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise StorageReadOnly(f"database file {path!r} is not writable")
+    if not os.access(p.absolute().parent, os.W_OK):
+        raise StorageReadOnly(f"directory of {path!r} is not writable (WAL needs it)")
+
+
+# --- migrations --------------------------------------------------------------------------------
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(number, name, sql) of every migration, in order."""
+    folder = resources.files("nulltickets.storage.sqlite").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            number = int(entry.name.split("_", 1)[0])
+            found.append((number, entry.name, entry.read_text("utf-8")))
+    found.sort()
+    if [n for n, _, _ in found] != list(range(1, len(found) + 1)):
+        raise StartupError("migrations must be numbered 1..N without gaps")
+    return found
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Apply every migration newer than the database's user_version; return the new version.
+
+    Each migration runs in its own transaction together with its user_version bump.
+    """
+    current = conn.pragma("user_version")
+    known = migrations()
+    if current > len(known):
+        raise StartupError(
+            f"database schema version {current} is newer than this nulltickets ({len(known)})"
+        )
+    for number, _name, sql in known[current:]:
+        with conn:
+            conn.execute(sql)
+            conn.pragma("user_version", number)
+            conn.pragma("application_id", APPLICATION_ID)
+    return len(known)

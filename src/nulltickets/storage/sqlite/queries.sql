@@ -1,0 +1,338 @@
+-- Every statement the server runs, by name. Time is always a parameter (:now).
+
+-- insert_pipeline --
+INSERT INTO pipelines (id, name, definition_json, created_at_ms)
+VALUES (:id, :name, :definition_json, :now);
+
+-- insert_pipeline_stage --
+INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
+VALUES (:pipeline_id, :stage, :agent_role, :terminal);
+
+-- pipeline_name_taken --
+SELECT 1 FROM pipelines WHERE name = :name;
+
+-- get_pipeline --
+SELECT id, name, definition_json, created_at_ms
+FROM pipelines
+WHERE id = :id;
+
+-- list_pipelines --
+SELECT id, name, definition_json, created_at_ms
+FROM pipelines
+ORDER BY created_at_ms DESC, rowid DESC;
+
+-- insert_task --
+INSERT INTO tasks (
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, max_attempts, retry_delay_ms, dead_letter_stage, created_at_ms,
+    updated_at_ms
+)
+VALUES (
+    :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
+    0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
+    :now
+);
+
+-- get_task --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE id = :id;
+
+-- task_exists --
+SELECT 1 FROM tasks WHERE id = :id;
+
+-- list_tasks --
+-- Keyset pagination: rows strictly after (:after_created, :after_id), in (created_at_ms, id) order.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE (created_at_ms, id) > (:after_created, :after_id)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_stage --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE stage = :stage
+    AND (created_at_ms, id) > (:after_created, :after_id)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_pipeline --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE pipeline_id = :pipeline_id
+    AND (created_at_ms, id) > (:after_created, :after_id)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_pipeline_and_stage --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE pipeline_id = :pipeline_id
+    AND stage = :stage
+    AND (created_at_ms, id) > (:after_created, :after_id)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- task_run_state --
+-- The original never writes tasks.run_id; fall back to the task's latest run.
+SELECT coalesce(
+    t.run_id,
+    (SELECT r.id FROM runs AS r WHERE r.task_id = t.id ORDER BY r.attempt DESC LIMIT 1)
+)
+FROM tasks AS t
+WHERE t.id = :id;
+
+-- latest_run --
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+FROM runs
+WHERE task_id = :task_id
+ORDER BY attempt DESC
+LIMIT 1;
+
+-- insert_dependency --
+INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
+VALUES (:task_id, :depends_on_task_id, :now);
+
+-- dependency_exists --
+SELECT 1 FROM task_dependencies
+WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
+
+-- list_dependencies --
+-- resolved: the upstream task sits in a terminal stage of its own pipeline.
+SELECT d.depends_on_task_id, coalesce(s.terminal, 0)
+FROM task_dependencies AS d
+JOIN tasks AS u ON u.id = d.depends_on_task_id
+LEFT JOIN pipeline_stages AS s ON s.pipeline_id = u.pipeline_id AND s.stage = u.stage
+WHERE d.task_id = :task_id
+ORDER BY d.created_at_ms, d.rowid;
+
+-- deactivate_assignments --
+UPDATE task_assignments
+SET active = 0, updated_at_ms = :now
+WHERE task_id = :task_id AND active = 1;
+
+-- upsert_assignment --
+INSERT INTO task_assignments (task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms)
+VALUES (:task_id, :agent_id, :assigned_by, 1, :now, :now)
+ON CONFLICT (task_id, agent_id) DO UPDATE
+SET assigned_by = excluded.assigned_by, active = 1, updated_at_ms = excluded.updated_at_ms;
+
+-- unassign --
+UPDATE task_assignments
+SET active = 0, updated_at_ms = :now
+WHERE task_id = :task_id AND agent_id = :agent_id AND active = 1;
+
+-- list_assignments --
+SELECT task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms
+FROM task_assignments
+WHERE task_id = :task_id
+ORDER BY created_at_ms, rowid;
+
+-- expired_leases --
+-- Leases past their expiry whose runs are still running: the janitor's work list.
+SELECT l.id, l.run_id, r.task_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+WHERE l.expires_at_ms <= :now
+ORDER BY l.expires_at_ms
+LIMIT :limit;
+
+-- next_lease_expiry --
+SELECT min(expires_at_ms) FROM leases;
+
+-- leased_in_stage --
+-- Tasks (any pipeline) in a stage of this name that hold a live lease.
+SELECT count(*)
+FROM runs AS r
+JOIN tasks AS t ON t.id = r.task_id
+WHERE r.status = 'running' AND t.stage = :stage;
+
+-- claim_candidate --
+-- For each (pipeline, stage) the role works on, walk idx_tasks_claim in priority order and stop
+-- at the first eligible task; then pick the best of those few. Cost depends on the number of
+-- stages and of skipped (leased, delayed, blocked) rows, never on finished tasks.
+WITH best AS (
+    SELECT
+        s.pipeline_id,
+        s.stage,
+        (
+            SELECT t.id
+            FROM tasks AS t INDEXED BY idx_tasks_claim
+            WHERE t.pipeline_id = s.pipeline_id
+                AND t.stage = s.stage
+                AND t.dead_letter_reason IS NULL
+                AND t.next_eligible_at_ms <= :now
+                AND NOT EXISTS (
+                    SELECT 1 FROM runs AS r
+                    WHERE r.task_id = t.id AND r.status = 'running'
+                )
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM task_dependencies AS d
+                    JOIN tasks AS u ON u.id = d.depends_on_task_id
+                    LEFT JOIN pipeline_stages AS us
+                        ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+                    WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0
+                )
+                AND (
+                    NOT EXISTS (
+                        SELECT 1 FROM task_assignments AS a
+                        WHERE a.task_id = t.id AND a.active = 1
+                    )
+                    OR EXISTS (
+                        SELECT 1 FROM task_assignments AS a
+                        WHERE a.task_id = t.id AND a.active = 1 AND a.agent_id = :agent_id
+                    )
+                )
+            ORDER BY t.priority DESC, t.created_at_ms ASC, t.rowid ASC
+            LIMIT 1
+        ) AS task_id
+    FROM pipeline_stages AS s
+    WHERE s.agent_role = :agent_role
+        AND s.stage NOT IN (SELECT value FROM json_each(:full_stages))
+)
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM best
+JOIN tasks AS t ON t.id = best.task_id
+ORDER BY t.priority DESC, t.created_at_ms ASC, best.pipeline_id, best.stage, t.rowid
+LIMIT 1;
+
+-- next_attempt --
+SELECT coalesce(max(attempt), 0) + 1 FROM runs WHERE task_id = :task_id;
+
+-- insert_run --
+INSERT INTO runs (id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json)
+VALUES (:id, :task_id, :attempt, 'running', :agent_id, :agent_role, :now, '{}');
+
+-- insert_lease --
+INSERT INTO leases (id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms)
+VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms);
+
+-- get_run --
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+FROM runs
+WHERE id = :id;
+
+-- lease_by_run --
+SELECT l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+WHERE l.run_id = :run_id;
+
+-- lease_by_id --
+SELECT l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+WHERE l.id = :id;
+
+-- extend_lease --
+UPDATE leases
+SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
+WHERE id = :id;
+
+-- rotate_lease_token --
+UPDATE leases SET token_hash = :token_hash WHERE id = :id;
+
+-- delete_lease --
+DELETE FROM leases WHERE id = :id;
+
+-- insert_event --
+INSERT INTO events (run_id, ts_ms, kind, data_json)
+VALUES (:run_id, :now, :kind, :data_json);
+
+-- list_events --
+SELECT id, run_id, ts_ms, kind, data_json
+FROM events
+WHERE run_id = :run_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
+
+-- end_run --
+-- Guarded by status: only a running run can end.
+UPDATE runs
+SET status = :status, ended_at_ms = :now, usage_json = :usage_json, error_text = :error_text
+WHERE id = :id AND status = 'running';
+
+-- move_task --
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + 1,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    updated_at_ms = :now
+WHERE id = :id AND task_version = :task_version;
+
+-- failed_attempts --
+-- Failures and lease expiries, over the task's whole life.
+SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+
+-- schedule_retry --
+UPDATE tasks
+SET next_eligible_at_ms = :next_eligible_at_ms, updated_at_ms = :now
+WHERE id = :id;
+
+-- dead_letter_task --
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = :reason,
+    next_eligible_at_ms = :next_eligible_at_ms,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- insert_artifact --
+INSERT INTO artifacts (
+    id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
+)
+VALUES (:id, :task_id, :run_id, :now, :kind, :uri, :sha256, :size_bytes, :meta_json);
+
+-- run_exists --
+SELECT 1 FROM runs WHERE id = :id;
+
+-- list_artifacts --
+SELECT id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
+FROM artifacts
+WHERE (created_at_ms, id) > (:after_created, :after_id)
+    AND (:task_id IS NULL OR task_id = :task_id)
+    AND (:run_id IS NULL OR run_id = :run_id)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- tasks_by_stage --
+SELECT stage, count(*) FROM tasks GROUP BY stage ORDER BY stage;
+
+-- active_leases --
+SELECT count(*) FROM leases WHERE expires_at_ms > :now;
+
+-- get_idempotency --
+SELECT request_hash, auth_hash, response_status, response_body
+FROM idempotency_keys
+WHERE key = :key AND method = :method AND path = :path;
+
+-- put_idempotency --
+INSERT OR REPLACE INTO idempotency_keys (
+    key, method, path, request_hash, auth_hash, response_status, response_body, created_at_ms
+)
+VALUES (:key, :method, :path, :request_hash, :auth_hash, :status, :body, :now);
+
+-- purge_idempotency --
+DELETE FROM idempotency_keys WHERE created_at_ms < :before;

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.server import PIPELINE, Client, Server
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the many tests that only need isolation by fresh pipelines and names."""
+    server = Server(tmp_path_factory.mktemp("shared") / "shared.db").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(shared_server: Server) -> Iterator[Client]:
+    c = shared_server.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of the test's own, on its own database file."""
+    server = Server(tmp_path / "fresh.db").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Any]:
+    """Factory for servers with custom flags; all are stopped at the end of the test."""
+    servers: list[Server] = []
+
+    def make(**kw: Any) -> Server:
+        server = Server(tmp_path / f"s{len(servers)}.db", **kw)
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def unique(prefix: str = "x") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def pipeline_id(client: Client) -> str:
+    """A fresh pipeline (todo -coder-> review -reviewer-> done) with unique roles per test."""
+    return create_pipeline(client)
+
+
+def create_pipeline(client: Client, definition: dict[str, Any] | None = None) -> str:
+    r = client.post("/pipelines", {"name": unique("pipe"), "definition": definition or PIPELINE})
+    assert r.status == 201, r.body
+    return str(r.json["id"])

@@ -1,0 +1,213 @@
+"""Run the real server as a subprocess on a free port, and talk to it over real sockets.
+
+`NULLTICKETS_BINARY` names an executable to test instead of `python -m nulltickets`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_command() -> list[str]:
+    binary = os.environ.get("NULLTICKETS_BINARY")
+    return [binary] if binary else [sys.executable, "-m", "nulltickets"]
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def error_code(self) -> str:
+        """The envelope's code; fails the test if the body is not the error envelope."""
+        doc = self.json
+        assert set(doc) == {"error"}, doc
+        assert set(doc["error"]) >= {"code", "message"}, doc
+        return str(doc["error"]["code"])
+
+
+@dataclass
+class Client:
+    """A keep-alive HTTP/1.1 client. Not thread-safe: one per thread or process."""
+
+    host: str
+    port: int
+    token: str | None = None
+    timeout: float = 30.0
+    _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        json_body: Any = None,
+        *,
+        body: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+        token: str | None = None,
+    ) -> Response:
+        hdrs = dict(headers or {})
+        bearer = token if token is not None else self.token
+        if bearer is not None and "Authorization" not in hdrs:
+            hdrs["Authorization"] = f"Bearer {bearer}"
+        if json_body is not None:
+            body = json.dumps(json_body)
+            hdrs.setdefault("Content-Type", "application/json")
+        data = body.encode() if isinstance(body, str) else body
+        for attempt in range(2):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self._conn.request(method, path, body=data, headers=hdrs)
+                r = self._conn.getresponse()
+                payload = r.read()
+                return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, payload)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def get(self, path: str, **kw: Any) -> Response:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, json_body: Any = None, **kw: Any) -> Response:
+        return self.request("POST", path, json_body, **kw)
+
+    def put(self, path: str, json_body: Any = None, **kw: Any) -> Response:
+        return self.request("PUT", path, json_body, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Response:
+        return self.request("DELETE", path, **kw)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class Server:
+    """One server process on its own port and database file."""
+
+    def __init__(self, db: Path, *, token: str | None = None, args: list[str] | None = None,
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:  # fmt: skip
+        self.db = db
+        self.token = token
+        self.port = free_port()
+        self.args = args or []
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = db.with_suffix(".log")
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [*server_command(), "serve", "--port", str(self.port), "--db", str(self.db)]
+        if self.token is not None:
+            cmd += ["--token", self.token]
+        return cmd + self.args
+
+    def start(self, timeout: float = 20.0) -> Server:
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, cwd=self.cwd)  # fmt: skip
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    if s.recv(64).startswith(b"HTTP/1.1 200"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server not healthy after {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def client(self, token: str | None = None) -> Client:
+        return Client("127.0.0.1", self.port, token=token)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group of the server (supervisor and worker)."""
+        if self.proc is not None and self.proc.poll() is None:
+            for pid in _children(self.proc.pid) + [self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+        self.proc = None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in out.split()]
+
+
+PIPELINE = {
+    "initial": "todo",
+    "states": {
+        "todo": {"agent_role": "coder"},
+        "review": {"agent_role": "reviewer"},
+        "done": {"terminal": True},
+        "dead": {"terminal": True},
+    },
+    "transitions": [
+        {"from": "todo", "to": "review", "trigger": "submit", "instructions": "review it",
+         "required_gates": ["tests"]},
+        {"from": "review", "to": "done", "trigger": "approve"},
+        {"from": "review", "to": "todo", "trigger": "reject"},
+    ],
+}  # fmt: skip
