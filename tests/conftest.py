@@ -62,3 +62,19 @@ def create_pipeline(client: Client, definition: dict[str, Any] | None = None) ->
     r = client.post("/pipelines", {"name": unique("pipe"), "definition": definition or PIPELINE})
     assert r.status == 201, r.body
     return str(r.json["id"])
+
+
+def pipeline_with_roles(client: Client) -> tuple[str, str, str]:
+    """A fresh pipeline whose roles are unique to the caller, so claims on the shared server
+    only ever see this test's tasks. Returns (pipeline_id, coder_role, reviewer_role)."""
+    coder, reviewer = unique("coder"), unique("reviewer")
+    definition = {
+        **PIPELINE,
+        "states": {
+            "todo": {"agent_role": coder},
+            "review": {"agent_role": reviewer},
+            "done": {"terminal": True},
+            "dead": {"terminal": True},
+        },
+    }
+    return create_pipeline(client, definition), coder, reviewer
