@@ -33,7 +33,7 @@ def compact_json(value: JsonValue, default: str | None) -> str | None:
 
 class CreatePipeline(Struct):
     name: str
-    definition: JsonValue = UNSET
+    definition: Raw
 
 
 class RetryPolicy(Struct):

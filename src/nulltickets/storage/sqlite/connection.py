@@ -108,9 +108,22 @@ def migrate(conn: apsw.Connection) -> int:
         raise StartupError(
             f"database schema version {current} is newer than this nulltickets ({len(known)})"
         )
+    if current == 0 and conn.table_exists("main", "pipelines"):
+        _adopt_reference_database(conn)
     for number, _name, sql in known[current:]:
         with conn:
-            conn.execute(sql)
+            conn.execute(sql).fetchall()  # apsw runs statements lazily: drain them all
             conn.pragma("user_version", number)
             conn.pragma("application_id", APPLICATION_ID)
     return len(known)
+
+
+def _adopt_reference_database(conn: apsw.Connection) -> None:
+    """A file the original created has our tables but its own store triggers, whose names we
+    cannot know; drop them (migration 0002 rebuilds the full-text index and its triggers)."""
+    triggers = conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'trigger' AND tbl_name = 'store'"
+    ).fetchall()
+    with conn:
+        for (name,) in triggers:
+            conn.execute(f'DROP TRIGGER "{name.replace(chr(34), chr(34) * 2)}"')

@@ -161,23 +161,7 @@ CREATE TABLE IF NOT EXISTS store (
 );
 CREATE INDEX IF NOT EXISTS idx_store_namespace ON store(namespace);
 
-CREATE VIRTUAL TABLE IF NOT EXISTS store_fts USING fts5(
-    namespace, key, content, content='store', content_rowid='rowid'
-);
-CREATE TRIGGER IF NOT EXISTS store_ai AFTER INSERT ON store BEGIN
-    INSERT INTO store_fts(rowid, namespace, key, content)
-    VALUES (new.rowid, new.namespace, new.key, new.value_json);
-END;
-CREATE TRIGGER IF NOT EXISTS store_ad AFTER DELETE ON store BEGIN
-    INSERT INTO store_fts(store_fts, rowid, namespace, key, content)
-    VALUES ('delete', old.rowid, old.namespace, old.key, old.value_json);
-END;
-CREATE TRIGGER IF NOT EXISTS store_au AFTER UPDATE ON store BEGIN
-    INSERT INTO store_fts(store_fts, rowid, namespace, key, content)
-    VALUES ('delete', old.rowid, old.namespace, old.key, old.value_json);
-    INSERT INTO store_fts(rowid, namespace, key, content)
-    VALUES (new.rowid, new.namespace, new.key, new.value_json);
-END;
+-- store_fts and its triggers are (re)built by migration 0002.
 
 CREATE TABLE IF NOT EXISTS pipeline_stage_roles (
     pipeline_id TEXT NOT NULL REFERENCES pipelines(id) ON DELETE CASCADE,

@@ -27,7 +27,7 @@ SELECT
     s.key,
     CASE WHEN json_type(s.value, '$.agent_role') = 'text'
         THEN json_extract(s.value, '$.agent_role') END,
-    json_type(s.value, '$.terminal') = 'true'
+    coalesce(json_type(s.value, '$.terminal') = 'true', 0)
 FROM pipelines AS p, json_each(p.definition_json, '$.states') AS s
 WHERE json_valid(p.definition_json)
     AND json_type(p.definition_json, '$.states') = 'object'
@@ -47,3 +47,26 @@ CREATE INDEX idx_runs_task_status ON runs(task_id, status);
 CREATE INDEX idx_artifacts_task_page ON artifacts(task_id, created_at_ms, id);
 CREATE INDEX idx_artifacts_run_page ON artifacts(run_id, created_at_ms, id);
 CREATE INDEX idx_task_assignments_task_created ON task_assignments(task_id, created_at_ms);
+
+-- Full-text index over the store. The original named the indexed column differently from its
+-- source column, so FTS5 maintenance ('rebuild', 'integrity-check') could not work; this one
+-- mirrors store's columns and is rebuilt from the store's rows.
+DROP TABLE IF EXISTS store_fts;
+CREATE VIRTUAL TABLE store_fts USING fts5(
+    namespace, key, value_json, content='store', content_rowid='rowid'
+);
+CREATE TRIGGER store_fts_ai AFTER INSERT ON store BEGIN
+    INSERT INTO store_fts(rowid, namespace, key, value_json)
+    VALUES (new.rowid, new.namespace, new.key, new.value_json);
+END;
+CREATE TRIGGER store_fts_ad AFTER DELETE ON store BEGIN
+    INSERT INTO store_fts(store_fts, rowid, namespace, key, value_json)
+    VALUES ('delete', old.rowid, old.namespace, old.key, old.value_json);
+END;
+CREATE TRIGGER store_fts_au AFTER UPDATE ON store BEGIN
+    INSERT INTO store_fts(store_fts, rowid, namespace, key, value_json)
+    VALUES ('delete', old.rowid, old.namespace, old.key, old.value_json);
+    INSERT INTO store_fts(rowid, namespace, key, value_json)
+    VALUES (new.rowid, new.namespace, new.key, new.value_json);
+END;
+INSERT INTO store_fts(store_fts) VALUES ('rebuild');

@@ -1,0 +1,127 @@
+"""The OpenAPI 3.1 document, generated from the route table and the msgspec types it names.
+
+Never edited by hand: a new route or field appears here because it exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import msgspec
+
+from nulltickets import __version__
+from nulltickets.http.errors import STATUS, ErrorBody, status_of
+from nulltickets.http.routes import ROUTES, Auth, Route
+
+REF = "#/components/schemas/{name}"
+
+
+def _operation_id(route: Route) -> str:
+    words = re.sub(r"[{}.\-]", "", route.pattern).strip("/").replace("/", "_") or "root"
+    return f"{route.method.lower()}_{words}"
+
+
+def _collect_types() -> list[Any]:
+    types: list[Any] = [ErrorBody]
+    for route in ROUTES:
+        for t in (route.request, route.response):
+            if t is not None and t not in types:
+                types.append(t)
+    return types
+
+
+def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": _operation_id(route),
+        "summary": route.summary,
+        "tags": [route.tag] if route.tag else [],
+    }
+    params = [
+        {"name": p[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+        for p in route.parts
+        if p.startswith("{")
+    ]
+    params += [
+        {"name": q.name, "in": "query", "required": False, "description": q.description,
+         "schema": {"type": q.kind}}
+        for q in route.query
+    ]  # fmt: skip
+    if route.method in ("POST", "PUT", "DELETE"):
+        params.append({
+            "name": "Idempotency-Key", "in": "header", "required": False,
+            "description": "Replays the stored success of an earlier request with this key "
+                           "and the same body; another body with the key is a 409.",
+            "schema": {"type": "string"},
+        })  # fmt: skip
+    if params:
+        op["parameters"] = params
+    if route.request is not None:
+        op["requestBody"] = {
+            "required": route.pattern != "/leases/{id}/heartbeat",
+            "content": {"application/json": {"schema": schemas[route.request]}},
+        }
+    success: dict[str, Any] = {"description": "Success"}
+    if route.response is not None:
+        success["content"] = {"application/json": {"schema": schemas[route.response]}}
+    responses: dict[str, Any] = {str(route.status): success}
+    if route.pattern == "/leases/claim":
+        responses["204"] = {"description": "Nothing is claimable for this role."}
+    codes: dict[int, list[str]] = {}
+    for exc in route.errors:
+        codes.setdefault(status_of(exc()), []).append(exc.code)
+    if route.auth is not Auth.NONE:
+        codes.setdefault(401, []).append("unauthorized")
+    if route.method in ("POST", "PUT", "DELETE"):
+        codes.setdefault(409, []).append("idempotency_conflict")
+        codes.setdefault(413, []).append("payload_too_large")
+    codes.setdefault(503, []).append("storage_busy")
+    for status in sorted(codes):
+        responses[str(status)] = {
+            "description": "Error: " + ", ".join(sorted(set(codes[status]))),
+            "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
+        }
+    op["responses"] = responses
+    if route.auth is Auth.LEASE:
+        op["security"] = [{"leaseToken": []}]
+    elif route.auth is Auth.ADMIN:
+        op["security"] = [{}, {"adminToken": []}]
+    return op
+
+
+@functools.cache
+def document() -> bytes:
+    types = _collect_types()
+    refs, components = msgspec.json.schema_components(types, ref_template=REF)
+    schemas = dict(zip(types, refs, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        paths.setdefault(route.pattern, {})[route.method.lower()] = _operation(route, schemas)
+    doc = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "nulltickets",
+            "version": __version__,
+            "description": "Durable task state for AI agents: pipelines, tasks, leases, runs, "
+            "events and artifacts over JSON. Every error is "
+            '{"error": {"code", "message"}}.',
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "adminToken": {"type": "http", "scheme": "bearer",
+                               "description": "The --token / api_token, when configured."},
+                "leaseToken": {"type": "http", "scheme": "bearer",
+                               "description": "The lease_token returned by /leases/claim."},
+            },  # fmt: skip
+        },
+    }
+    return msgspec.json.encode(doc)
+
+
+def error_codes() -> dict[str, int]:
+    """Every error code the server can send, with its status (for docs and tests)."""
+    return {cls.code: status for cls, status in STATUS.items()}

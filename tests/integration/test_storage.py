@@ -1,0 +1,140 @@
+"""The writer, the readers and the claim query on real SQLite files."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import apsw
+import pytest
+
+from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask
+from nulltickets.errors import StorageBusy, TaskNotFound
+from nulltickets.service import Tracker, now_ms
+from nulltickets.storage.sqlite import connection
+from nulltickets.storage.sqlite.backend import Q
+from nulltickets.storage.sqlite.database import Database
+from tests.server import PIPELINE
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    database = Database(str(tmp_path / "t.db"))
+    database.open()
+    yield database  # type: ignore[misc]
+    database.close()
+
+
+def raw(value: object) -> object:
+    import msgspec
+
+    return msgspec.Raw(msgspec.json.encode(value))
+
+
+def seed(db: Database, tracker: Tracker, n: int) -> tuple[str, list[str]]:
+    def job(b):  # type: ignore[no-untyped-def]
+        now = now_ms()
+        pid = tracker.create_pipeline(b, CreatePipeline("p", raw(PIPELINE)), now)  # type: ignore[arg-type]
+        ids = [tracker.create_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
+        return pid, ids
+
+    return db.write_sync(job)  # type: ignore[no-any-return]
+
+
+def test_every_named_query_prepares_against_the_migrated_schema(tmp_path: Path) -> None:
+    conn = connection.connect_writer(str(tmp_path / "q.db"))
+    connection.migrate(conn)
+    for name, sql in Q.items():
+        # EXPLAIN compiles the statement without running it.
+        conn.execute("EXPLAIN " + sql, {p: None for p in _params(sql)}).fetchall()
+        assert name
+    conn.close()
+
+
+def _params(sql: str) -> set[str]:
+    import re
+
+    return set(re.findall(r":([a-z_]+)", sql))
+
+
+def test_claim_walks_the_claim_index_instead_of_scanning_tasks(tmp_path: Path) -> None:
+    conn = connection.connect_writer(str(tmp_path / "plan.db"))
+    connection.migrate(conn)
+    plan = conn.execute("EXPLAIN QUERY PLAN " + Q["claim_candidate"],
+                        {p: None for p in _params(Q["claim_candidate"])}).fetchall()  # fmt: skip
+    details = " | ".join(row[3] for row in plan)
+    assert "idx_tasks_claim" in details
+    assert "SCAN t " not in details and "SCAN tasks" not in details
+    conn.close()
+
+
+def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Database) -> None:
+    tracker = Tracker()
+    pid, _ = seed(db, tracker, 0)
+    gate = threading.Event()
+    results: dict[int, object] = {}
+
+    def block(b):  # type: ignore[no-untyped-def]
+        gate.wait(5)
+
+    def good(i: int):  # type: ignore[no-untyped-def]
+        return lambda b: tracker.create_task(b, CreateTask(pid, f"g{i}", ""), now_ms())
+
+    def bad(b):  # type: ignore[no-untyped-def]
+        tracker.create_task(b, CreateTask(pid, "half", ""), now_ms())  # written, then undone
+        raise TaskNotFound()
+
+    done = threading.Event()
+    db.writer.submit(block, lambda r, e: None)
+    for i, job in enumerate([good(0), bad, good(1)]):
+        db.writer.submit(job, lambda r, e, i=i: (results.__setitem__(i, e or r),
+                                                 len(results) == 3 and done.set()))  # fmt: skip
+    batches_before = db.writer.batches
+    gate.set()
+    assert done.wait(5)
+    assert isinstance(results[1], TaskNotFound)
+    assert isinstance(results[0], str) and isinstance(results[2], str)
+    assert db.writer.batches - batches_before <= 2  # the three queued jobs shared a commit
+    titles = db.read_sync(lambda b: [t.title for t in b.list_tasks(
+        stage=None, pipeline_id=pid, after=None, limit=10)])  # fmt: skip
+    assert sorted(titles) == ["g0", "g1"]
+
+
+def test_threads_claiming_at_once_each_get_a_different_task(db: Database) -> None:
+    tracker = Tracker()
+    _, ids = seed(db, tracker, 200)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def agent(name: str) -> None:
+        while True:
+            result = db.write_sync(lambda b: tracker.claim(b, Claim(name, "coder"), now_ms()))
+            if result is None:
+                return
+            with lock:
+                claimed.append(result.task.id)
+
+    threads = [threading.Thread(target=agent, args=(f"a{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == sorted(ids)
+
+
+def test_a_write_lock_held_by_another_process_becomes_storage_busy(tmp_path: Path) -> None:
+    path = str(tmp_path / "locked.db")
+    database = Database(path)
+    database.open()
+    other = apsw.Connection(path)
+    other.set_busy_timeout(0)
+    other.execute("BEGIN IMMEDIATE")
+    database.writer._conn.set_busy_timeout(100)  # type: ignore[union-attr]
+    try:
+        with pytest.raises(StorageBusy):
+            database.write_sync(lambda b: b.purge_idempotency(0))
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert database.write_sync(lambda b: b.purge_idempotency(0)) == 0
+    database.close()

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+
+from nulltickets.errors import InvalidCursor, InvalidLimit
+from nulltickets.http.request import Request, parse_query
+from nulltickets.http.routes import ROUTES, Auth, Router, gate
+
+
+def req(query: str) -> Request:
+    return Request("GET", "/tasks", ["tasks"], query, {})
+
+
+def test_query_keeps_first_pair_ignores_bare_names_and_decodes_values() -> None:
+    assert parse_query("a=1&a=2&b&c=&d=x%3Ay+z%zz") == {"a": "1", "c": "", "d": "x:y z%zz"}
+
+
+def test_limit_defaults_on_garbage_and_rejects_out_of_range() -> None:
+    assert req("").limit(50) == 50
+    assert req("limit=abc").limit(50) == 50
+    assert req("limit=1000").limit(50) == 1000
+    for bad in ("0", "-1", "1001"):
+        with pytest.raises(InvalidLimit):
+            req(f"limit={bad}").limit(50)
+
+
+def test_composite_cursor_needs_integer_left_and_nonempty_right() -> None:
+    assert req("cursor=12:abc").composite_cursor() == (12, "abc")
+    assert req("cursor=12%3Aabc").composite_cursor() == (12, "abc")
+    assert req("cursor=12:a:b").composite_cursor() == (12, "a:b")
+    for bad in ("", "12", ":a", "12:", "x:a"):
+        with pytest.raises(InvalidCursor):
+            req(f"cursor={bad}").composite_cursor()
+
+
+def test_event_cursor_is_an_integer() -> None:
+    assert req("").event_cursor() == 0
+    assert req("cursor=41").event_cursor() == 41
+    with pytest.raises(InvalidCursor):
+        req("cursor=x").event_cursor()
+
+
+def test_router_prefers_bulk_for_post_but_treats_get_bulk_as_an_id() -> None:
+    router = Router(ROUTES)
+    post = router.match("POST", ["tasks", "bulk"])
+    get = router.match("GET", ["tasks", "bulk"])
+    assert post is not None and post[0].pattern == "/tasks/bulk"
+    assert get is not None and get[0].pattern == "/tasks/{id}" and get[1] == {"id": "bulk"}
+
+
+def test_lease_routes_ignore_trailing_segments_and_others_do_not() -> None:
+    router = Router(ROUTES)
+    found = router.match("POST", ["runs", "r1", "events", "extra"])
+    assert found is not None and found[1] == {"id": "r1"}
+    assert router.match("GET", ["tasks", "t1", "dependencies", "extra"]) is None
+    assert router.match("PATCH", ["tasks"]) is None
+
+
+def test_gate_classifies_paths_by_segments_alone() -> None:
+    assert gate(["health"]) is Auth.NONE
+    assert gate([".well-known", "openapi.json"]) is Auth.NONE
+    assert gate(["runs", "x", "events"]) is Auth.LEASE
+    assert gate(["leases", "x", "heartbeat", "more"]) is Auth.LEASE
+    assert gate(["leases", "claim"]) is Auth.ADMIN
+    assert gate(["nope"]) is Auth.ADMIN
+
+
+def test_every_route_is_reachable_by_its_own_pattern() -> None:
+    router = Router(ROUTES)
+    for route in ROUTES:
+        segments = [p.strip("{}") for p in route.parts]
+        found = router.match(route.method, segments)
+        assert found is not None and found[0] is route, route.pattern
