@@ -54,7 +54,7 @@ def test_every_named_query_prepares_against_the_migrated_schema(tmp_path: Path) 
 def _params(sql: str) -> set[str]:
     import re
 
-    return set(re.findall(r":([a-z_]+)", sql))
+    return set(re.findall(r":([a-z0-9_]+)", sql))
 
 
 def test_claim_walks_the_claim_index_instead_of_scanning_tasks(tmp_path: Path) -> None:
