@@ -25,16 +25,29 @@ def _parser() -> argparse.ArgumentParser:
         prog="nulltickets",
         description="Durable task state for AI agents, served over a JSON HTTP API.",
     )
-    p.add_argument("command", nargs="?", choices=SERVE_WORDS, default="serve",
-                   help="run the server (the default; all three words mean the same)")  # fmt: skip
+    p.add_argument(
+        "command",
+        nargs="?",
+        choices=SERVE_WORDS,
+        default="serve",
+        help="run the server (the default; all three words mean the same)",
+    )
     p.add_argument("--port", type=int, default=None, help="listen port (default 7700)")
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--db", default=None, help="SQLite database path (default nulltickets.db)")
     p.add_argument("--token", default=None, help="admin API token (default: auth disabled)")
-    p.add_argument("--max-body-bytes", type=int, default=None,
-                   help="largest accepted request body (default 65536)")  # fmt: skip
-    p.add_argument("--durability", choices=("full", "normal"), default=None,
-                   help="fsync every commit (full) or only at checkpoints (normal)")  # fmt: skip
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest accepted request body (default 65536)",
+    )
+    p.add_argument(
+        "--durability",
+        choices=("full", "normal"),
+        default=None,
+        help="fsync every commit (full) or only at checkpoints (normal)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
@@ -100,8 +113,11 @@ def serve(settings: Settings) -> None:
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
-    print(f"{version_line()}: db {settings.db}, auth {auth}, "
-          f"listening on http://{settings.host}:{settings.port}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{version_line()}: db {settings.db}, auth {auth}, "
+        f"listening on http://{settings.host}:{settings.port}",
+        file=sys.stderr,
+    )
     server = Server(
         "nulltickets.http.app:load_app",
         address=settings.host,

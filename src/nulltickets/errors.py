@@ -207,6 +207,12 @@ class StorageReadOnly(TrackerError):
     code = "storage_read_only"
 
 
+class StorageQueryError(TrackerError):
+    """The database rejected a query built from request input."""
+
+    code = "invalid_query"
+
+
 class StartupError(TrackerError):
     """The server cannot start."""
 

@@ -27,6 +27,7 @@ from nulltickets.domain.commands import (
     FailRun,
     Heartbeat,
     MoveTask,
+    PutValue,
     compact_json,
 )
 from nulltickets.domain.model import (
@@ -40,12 +41,17 @@ from nulltickets.domain.model import (
     Health,
     LeaseRow,
     Pipeline,
+    QueueReport,
+    RoleQueue,
     RunStatus,
+    SearchHit,
+    StoreEntry,
     Task,
     TaskAssignment,
     TaskDetails,
     TransitionResult,
 )
+from nulltickets.domain.search import fts_query
 from nulltickets.domain.tokens import new_lease_token, same_hash
 from nulltickets.errors import (
     DependencyTaskNotFound,
@@ -54,12 +60,16 @@ from nulltickets.errors import (
     IdempotencyConflict,
     InvalidDependency,
     InvalidPipeline,
+    InvalidQuery,
     LeaseExpired,
     LeaseNotFound,
+    MissingParam,
     NotFound,
     PipelineNotFound,
+    ReservedNamespace,
     RunNotFound,
     RunNotRunning,
+    StorageQueryError,
     TaskNotFound,
     TaskVersionMismatch,
     TrackerError,
@@ -67,6 +77,7 @@ from nulltickets.errors import (
 )
 from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
 
+RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
 REAP_BATCH = 500
 
@@ -198,10 +209,11 @@ class Tracker:
             *msgspec.structs.astuple(task),
             dependencies=b.list_dependencies(task_id),
             assignments=[
-                TaskAssignment(a.agent_id, a.assigned_by, a.active, a.created_at_ms,
-                               a.updated_at_ms)
+                TaskAssignment(
+                    a.agent_id, a.assigned_by, a.active, a.created_at_ms, a.updated_at_ms
+                )
                 for a in b.list_assignments(task_id)
-            ],  # fmt: skip
+            ],
             available_transitions=self._available(b, task),
         )
         if latest is not None:
@@ -209,9 +221,14 @@ class Tracker:
         return details
 
     def list_tasks(
-        self, b: Backend, *, stage: str | None, pipeline_id: str | None,
-        after: tuple[int, str] | None, limit: int,
-    ) -> tuple[list[Task], str | None]:  # fmt: skip
+        self,
+        b: Backend,
+        *,
+        stage: str | None,
+        pipeline_id: str | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[Task], str | None]:
         rows = b.list_tasks(stage=stage, pipeline_id=pipeline_id, after=after, limit=limit + 1)
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
 
@@ -260,9 +277,12 @@ class Tracker:
             task = b.get_task(task_id)
             assert task is not None
             failed = b.failed_attempts(task_id)
-            b.insert_event(run_id, "lease_expired",
-                           _json({"reason": "lease_expired", "lease_id": lease_id,
-                                  "failed_attempts": failed}), now)  # fmt: skip
+            b.insert_event(
+                run_id,
+                "lease_expired",
+                _json({"reason": "lease_expired", "lease_id": lease_id, "failed_attempts": failed}),
+                now,
+            )
             self._after_failure(b, task, run_id, failed, now)
         return len(expired)
 
@@ -286,14 +306,21 @@ class Tracker:
                 next_eligible_at_ms=core.DEAD_LETTER_ELIGIBLE_AT,
                 now=now,
             )
-            data = {"reason": outcome.reason, "failed_attempts": failed,
-                    "from_stage": outcome.from_stage, "dead_letter_stage": target}  # fmt: skip
+            data = {
+                "reason": outcome.reason,
+                "failed_attempts": failed,
+                "from_stage": outcome.from_stage,
+                "dead_letter_stage": target,
+            }
             b.insert_event(run_id, "dead_letter", _json(data), now)
         else:
             b.schedule_retry(task.id, outcome.next_eligible_at_ms, now)
-            data = {"reason": "retry_scheduled", "failed_attempts": failed,
-                    "retry_delay_ms": outcome.retry_delay_ms,
-                    "next_eligible_at_ms": outcome.next_eligible_at_ms}  # fmt: skip
+            data = {
+                "reason": "retry_scheduled",
+                "failed_attempts": failed,
+                "retry_delay_ms": outcome.retry_delay_ms,
+                "next_eligible_at_ms": outcome.next_eligible_at_ms,
+            }
             b.insert_event(run_id, "retry_scheduled", _json(data), now)
 
     def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
@@ -308,12 +335,20 @@ class Tracker:
         b.insert_run(run_id, task.id, attempt, cmd.agent_id, cmd.agent_role, now)
         token, token_hash = new_lease_token()
         expires = now + ttl
-        b.insert_lease(id=lease_id, run_id=run_id, agent_id=cmd.agent_id, token_hash=token_hash,
-                       expires_at_ms=expires, ttl_ms=ttl, now=now)  # fmt: skip
+        b.insert_lease(
+            id=lease_id,
+            run_id=run_id,
+            agent_id=cmd.agent_id,
+            token_hash=token_hash,
+            expires_at_ms=expires,
+            ttl_ms=ttl,
+            now=now,
+        )
         run = b.get_run(run_id)
         assert run is not None
-        claimed = ClaimedTask(*msgspec.structs.astuple(task),
-                              available_transitions=self._available(b, task))  # fmt: skip
+        claimed = ClaimedTask(
+            *msgspec.structs.astuple(task), available_transitions=self._available(b, task)
+        )
         return ClaimResult(claimed, run, lease_id, token, expires)
 
     def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
@@ -374,9 +409,7 @@ class Tracker:
         rows = b.list_events(run_id, after, limit + 1)
         return _page(rows, limit, lambda e: str(e.id))
 
-    def transition(
-        self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int
-    ) -> TransitionResult:
+    def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
         run = b.get_run(lease.run_id)
         if run is None:
             raise RunNotFound()
@@ -399,8 +432,12 @@ class Tracker:
             raise TaskVersionMismatch()
         b.delete_lease(lease.id)
         instructions = cmd.instructions if cmd.instructions is not None else move.instructions
-        data = {"trigger": cmd.trigger, "from": task.stage, "to": move.to_stage,
-                "instructions": instructions or ""}  # fmt: skip
+        data = {
+            "trigger": cmd.trigger,
+            "from": task.stage,
+            "to": move.to_stage,
+            "instructions": instructions or "",
+        }
         b.insert_event(run.id, "transition", _json(data), now)
         return TransitionResult(task.stage, move.to_stage, cmd.trigger)
 
@@ -408,8 +445,9 @@ class Tracker:
         task = b.get_task(lease.task_id)
         if task is None:
             raise TrackerError("the run's task cannot be read")
-        b.end_run(lease.run_id, RunStatus.FAILED, compact_json(cmd.usage, "{}") or "{}",
-                  cmd.error, now)  # fmt: skip
+        b.end_run(
+            lease.run_id, RunStatus.FAILED, compact_json(cmd.usage, "{}") or "{}", cmd.error, now
+        )
         b.delete_lease(lease.id)
         self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), now)
 
@@ -421,23 +459,99 @@ class Tracker:
         if cmd.run_id is not None and not b.run_exists(cmd.run_id):
             raise RunNotFound("run not found")
         artifact_id = new_id()
-        b.insert_artifact(id=artifact_id, task_id=cmd.task_id, run_id=cmd.run_id, now=now,
-                          kind=cmd.kind, uri=cmd.uri, sha256=cmd.sha256,
-                          size_bytes=cmd.size_bytes, meta_json=compact_json(cmd.meta, "{}"))  # fmt: skip
+        b.insert_artifact(
+            id=artifact_id,
+            task_id=cmd.task_id,
+            run_id=cmd.run_id,
+            now=now,
+            kind=cmd.kind,
+            uri=cmd.uri,
+            sha256=cmd.sha256,
+            size_bytes=cmd.size_bytes,
+            meta_json=compact_json(cmd.meta, "{}"),
+        )
         return artifact_id
 
     def list_artifacts(
-        self, b: Backend, *, task_id: str | None, run_id: str | None,
-        after: tuple[int, str] | None, limit: int,
-    ) -> tuple[list[Artifact], str | None]:  # fmt: skip
+        self,
+        b: Backend,
+        *,
+        task_id: str | None,
+        run_id: str | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[Artifact], str | None]:
         rows = b.list_artifacts(task_id=task_id, run_id=run_id, after=after, limit=limit + 1)
         return _page(rows, limit, lambda a: f"{a.created_at_ms}:{a.id}")
+
+    # --- store ---------------------------------------------------------------------------------
+
+    def put_value(self, b: Backend, namespace: str, key: str, cmd: PutValue, now: int) -> None:
+        if namespace == RESERVED_NAMESPACE:
+            raise ReservedNamespace()
+        b.put_value(namespace, key, compact_json(cmd.value, "null") or "null", now)
+
+    def get_value(self, b: Backend, namespace: str, key: str) -> StoreEntry:
+        entry = b.get_value(namespace, key)
+        if entry is None:
+            raise NotFound("no value under this key")
+        return entry
+
+    def delete_value(self, b: Backend, namespace: str, key: str) -> None:
+        b.delete_value(namespace, key)
+
+    def list_namespace(self, b: Backend, namespace: str) -> list[StoreEntry]:
+        return b.list_namespace(namespace)
+
+    def delete_namespace(self, b: Backend, namespace: str) -> None:
+        b.delete_namespace(namespace)
+
+    def search(
+        self,
+        b: Backend,
+        *,
+        text: str | None,
+        namespace: str | None,
+        filter_path: str | None,
+        filter_value: str | None,
+        limit: int,
+    ) -> list[SearchHit]:
+        if text is None:
+            raise MissingParam("q is required")
+        query = fts_query(text)
+        if query is None:
+            raise InvalidQuery("q has no search term")
+        if filter_path is not None and not filter_path.startswith("$"):
+            raise InvalidQuery("filter_path must be a JSON path such as $.status")
+        try:
+            return b.search_store(query, namespace, filter_path, filter_value, limit)
+        except StorageQueryError as exc:
+            raise InvalidQuery(f"cannot search with this filter_path: {exc}") from None
+
+    # --- queue report --------------------------------------------------------------------------
+
+    def queue_report(self, b: Backend, now: int, near_expiry_ms: int, stuck_ms: int) -> QueueReport:
+        roles: dict[str, RoleQueue] = {}
+        rows = b.role_stage_queue(now, _clamp(now - stuck_ms), _clamp(now + near_expiry_ms))
+        for role, claimable, oldest, failed, stuck, near in rows:
+            q = roles.get(role)
+            if q is None:
+                q = roles[role] = RoleQueue(role, 0, None, 0, 0, 0)
+            q.claimable_count += claimable
+            if oldest is not None:
+                age = now - oldest
+                q.oldest_claimable_age_ms = max(age, q.oldest_claimable_age_ms or age)
+            q.failed_count += failed
+            q.stuck_count += stuck
+            q.near_expiry_leases += near
+        return QueueReport(list(roles.values()), now)
 
     # --- health and upkeep ---------------------------------------------------------------------
 
     def health(self, b: Backend, now: int) -> Health:
-        return Health("ok", __version__, b.tasks_by_stage(), b.active_leases(now),
-                      core.IMPLEMENTATION)  # fmt: skip
+        return Health(
+            "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION
+        )
 
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)
@@ -477,10 +591,21 @@ class Tracker:
         reply = execute()
         if 200 <= reply.status < 300:
             stored_body = redact(reply.body) if redact is not None else reply.body
-            b.put_idempotency(key=key, method=method, path=path, request_hash=request_hash,
-                              auth_hash=auth_hash, status=reply.status,
-                              body=stored_body.decode(), now=now)  # fmt: skip
+            b.put_idempotency(
+                key=key,
+                method=method,
+                path=path,
+                request_hash=request_hash,
+                auth_hash=auth_hash,
+                status=reply.status,
+                body=stored_body.decode(),
+                now=now,
+            )
         return reply
+
+
+def _clamp(t: int) -> int:
+    return max(-(2**63), min(t, 2**63 - 1))
 
 
 def _page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str | None]:

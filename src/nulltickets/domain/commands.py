@@ -108,3 +108,7 @@ class CreateArtifact(Struct):
     sha256: str | None = None
     size_bytes: Int64 | None = None
     meta: JsonValue = UNSET
+
+
+class PutValue(Struct):
+    value: Raw

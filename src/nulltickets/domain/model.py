@@ -168,3 +168,33 @@ class EventPage(Struct):
 class ArtifactPage(Struct):
     items: list[Artifact]
     next_cursor: str | None
+
+
+class StoreEntry(Struct):
+    namespace: str
+    key: str
+    value: Raw
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class SearchHit(StoreEntry):
+    """A store entry found by search: bm25 `score` (lower is better) and a `snippet` of the
+    match with the matched terms in [brackets]."""
+
+    score: float = 0.0
+    snippet: str = ""
+
+
+class RoleQueue(Struct):
+    role: str
+    claimable_count: int
+    oldest_claimable_age_ms: int | None
+    failed_count: int
+    stuck_count: int
+    near_expiry_leases: int
+
+
+class QueueReport(Struct):
+    roles: list[RoleQueue]
+    generated_at_ms: int

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from typing import Any
 
 from nulltickets.config import Settings
@@ -56,9 +57,9 @@ class App:
             await asyncio.sleep(self.settings.reap_interval_s)
             try:
                 now = now_ms()
-                await ctx.db.write(lambda b: ctx.tracker.reap_expired(b, now))
+                await ctx.db.write(partial(ctx.tracker.reap_expired, now=now))
                 if now - last_purge > 3_600_000:
-                    await ctx.db.write(lambda b: ctx.tracker.purge_idempotency(b, now))
+                    await ctx.db.write(partial(ctx.tracker.purge_idempotency, now=now))
                     last_purge = now
             except asyncio.CancelledError:
                 raise

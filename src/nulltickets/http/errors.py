@@ -23,6 +23,7 @@ STATUS: dict[type[BaseException], int] = {
     e.InvalidDependency: 400,
     e.IllegalTransition: 400,
     e.ReservedNamespace: 400,
+    e.StorageQueryError: 400,
     e.Unauthorized: 401,
     e.NotFound: 404,
     e.PipelineNotFound: 404,

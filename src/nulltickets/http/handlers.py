@@ -15,9 +15,9 @@ import msgspec
 from nulltickets.domain import commands as cmd
 from nulltickets.domain.model import ClaimResult
 from nulltickets.domain.tokens import lease_token_hash, same_token
-from nulltickets.errors import InvalidJson, InvalidRequest, Unauthorized
+from nulltickets.errors import InvalidJson, InvalidRequest, ReservedNamespace, Unauthorized
 from nulltickets.http.request import Request
-from nulltickets.service import Reply, Tracker, now_ms
+from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
 from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
 from nulltickets.storage.sqlite.database import Database
 
@@ -367,3 +367,78 @@ async def openapi(ctx: Context, req: Request) -> Reply:
     from nulltickets.http.openapi import document  # the document is built from the route table
 
     return Reply(200, document())
+
+
+# --- store -------------------------------------------------------------------------------------
+
+
+async def put_value(ctx: Context, req: Request) -> Reply:
+    namespace, key = req.params["namespace"], req.params["key"]
+    if namespace == RESERVED_NAMESPACE:
+        raise ReservedNamespace('the namespace "search" is reserved')
+    command = decode(cmd.PutValue, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.put_value(b, namespace, key, command, now)
+        return NO_CONTENT
+
+    return await ctx.write(req, execute)
+
+
+async def get_value(ctx: Context, req: Request) -> Reply:
+    namespace, key = req.params["namespace"], req.params["key"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.get_value(b, namespace, key)))
+
+
+async def delete_value(ctx: Context, req: Request) -> Reply:
+    namespace, key = req.params["namespace"], req.params["key"]
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.delete_value(b, namespace, key)
+        return NO_CONTENT
+
+    return await ctx.write(req, execute)
+
+
+async def list_namespace(ctx: Context, req: Request) -> Reply:
+    namespace = req.params["namespace"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.list_namespace(b, namespace)))
+
+
+async def delete_namespace(ctx: Context, req: Request) -> Reply:
+    namespace = req.params["namespace"]
+
+    def execute(b: Backend, now: int) -> Reply:
+        ctx.tracker.delete_namespace(b, namespace)
+        return NO_CONTENT
+
+    return await ctx.write(req, execute)
+
+
+async def search_store(ctx: Context, req: Request) -> Reply:
+    q = req.query
+    text = q.get("q")
+    limit = req.search_limit() if text is not None and text.strip() else 10
+    hits = await ctx.read(
+        lambda b: ctx.tracker.search(
+            b,
+            text=text,
+            namespace=q.get("namespace"),
+            filter_path=q.get("filter_path"),
+            filter_value=q.get("filter_value"),
+            limit=limit,
+        )
+    )
+    return ok(200, hits)
+
+
+# --- operations --------------------------------------------------------------------------------
+
+
+async def queue_report(ctx: Context, req: Request) -> Reply:
+    near_expiry_ms = req.int_param("near_expiry_ms", 60_000)
+    stuck_ms = req.int_param("stuck_ms", 300_000)
+    now = now_ms()
+    return ok(
+        200, await ctx.read(lambda b: ctx.tracker.queue_report(b, now, near_expiry_ms, stuck_ms))
+    )

@@ -39,22 +39,31 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         "tags": [route.tag] if route.tag else [],
     }
     params = [
-        {"name": p[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+        {"name": p.strip("{+}"), "in": "path", "required": True, "schema": {"type": "string"}}
         for p in route.parts
         if p.startswith("{")
     ]
     params += [
-        {"name": q.name, "in": "query", "required": False, "description": q.description,
-         "schema": {"type": q.kind}}
+        {
+            "name": q.name,
+            "in": "query",
+            "required": False,
+            "description": q.description,
+            "schema": {"type": q.kind},
+        }
         for q in route.query
-    ]  # fmt: skip
+    ]
     if route.method in ("POST", "PUT", "DELETE"):
-        params.append({
-            "name": "Idempotency-Key", "in": "header", "required": False,
-            "description": "Replays the stored success of an earlier request with this key "
-                           "and the same body; another body with the key is a 409.",
-            "schema": {"type": "string"},
-        })  # fmt: skip
+        params.append(
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "description": "Replays the stored success of an earlier request with this key "
+                "and the same body; another body with the key is a 409.",
+                "schema": {"type": "string"},
+            }
+        )
     if params:
         op["parameters"] = params
     if route.request is not None:
@@ -97,7 +106,9 @@ def document() -> bytes:
     schemas = dict(zip(types, refs, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
-        paths.setdefault(route.pattern, {})[route.method.lower()] = _operation(route, schemas)
+        paths.setdefault(route.pattern.replace("+}", "}"), {})[route.method.lower()] = _operation(
+            route, schemas
+        )
     doc = {
         "openapi": "3.1.0",
         "info": {
@@ -112,11 +123,17 @@ def document() -> bytes:
         "components": {
             "schemas": components,
             "securitySchemes": {
-                "adminToken": {"type": "http", "scheme": "bearer",
-                               "description": "The --token / api_token, when configured."},
-                "leaseToken": {"type": "http", "scheme": "bearer",
-                               "description": "The lease_token returned by /leases/claim."},
-            },  # fmt: skip
+                "adminToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The --token / api_token, when configured.",
+                },
+                "leaseToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The lease_token returned by /leases/claim.",
+                },
+            },
         },
     }
     return msgspec.json.encode(doc)

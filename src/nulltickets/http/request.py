@@ -71,6 +71,28 @@ class Request:
             raise InvalidLimit(f"limit must be between 1 and {MAX_LIMIT}")
         return limit
 
+    def search_limit(self) -> int:
+        """Store search: non-numeric or negative -> 10; 0 or over 1000 -> invalid_limit."""
+        raw = self.query.get("limit")
+        try:
+            limit = int(raw) if raw is not None else 10
+        except ValueError:
+            return 10
+        if limit < 0:
+            return 10
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidLimit(f"limit must be between 1 and {MAX_LIMIT}")
+        return limit
+
+    def int_param(self, name: str, default: int) -> int:
+        """An integer query parameter; anything unparsable means the default."""
+        raw = self.query.get(name)
+        try:
+            value = int(raw) if raw is not None else default
+        except ValueError:
+            return default
+        return max(-(2**62), min(value, 2**62))
+
     def composite_cursor(self) -> tuple[int, str] | None:
         raw = self.query.get("cursor")
         if raw is None:

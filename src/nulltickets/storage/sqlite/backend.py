@@ -19,9 +19,12 @@ from nulltickets.domain.model import (
     LeaseRow,
     Pipeline,
     Run,
+    SearchHit,
     StageCount,
+    StoreEntry,
     Task,
 )
+from nulltickets.errors import StorageQueryError
 from nulltickets.storage.queries import load_queries
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
@@ -30,12 +33,40 @@ _MIN_TIME = -(2**63)
 
 
 def _task(row: tuple[Any, ...]) -> Task:
-    (id_, pipeline_id, stage, title, description, priority, metadata, version, eligible,
-     delay, max_attempts, dl_stage, dl_reason, created, updated) = row  # fmt: skip
+    (
+        id_,
+        pipeline_id,
+        stage,
+        title,
+        description,
+        priority,
+        metadata,
+        version,
+        eligible,
+        delay,
+        max_attempts,
+        dl_stage,
+        dl_reason,
+        created,
+        updated,
+    ) = row
     return Task(
-        id_, pipeline_id, stage, title, description, priority, Raw(metadata), version,
-        eligible, delay, max_attempts, dl_stage, dl_reason, created, updated,
-    )  # fmt: skip
+        id_,
+        pipeline_id,
+        stage,
+        title,
+        description,
+        priority,
+        Raw(metadata),
+        version,
+        eligible,
+        delay,
+        max_attempts,
+        dl_stage,
+        dl_reason,
+        created,
+        updated,
+    )
 
 
 def _run(row: tuple[Any, ...]) -> Run:
@@ -65,17 +96,23 @@ class SqliteBackend:
     # --- pipelines -----------------------------------------------------------------------------
 
     def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
-        self._exec("insert_pipeline", locals_(id=id, name=name, definition_json=definition_json,
-                                              now=now))  # fmt: skip
+        self._exec(
+            "insert_pipeline",
+            {"id": id, "name": name, "definition_json": definition_json, "now": now},
+        )
 
     def insert_pipeline_stage(
         self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
     ) -> None:
         self._exec(
             "insert_pipeline_stage",
-            {"pipeline_id": pipeline_id, "stage": stage, "agent_role": agent_role,
-             "terminal": int(terminal)},
-        )  # fmt: skip
+            {
+                "pipeline_id": pipeline_id,
+                "stage": stage,
+                "agent_role": agent_role,
+                "terminal": int(terminal),
+            },
+        )
 
     def pipeline_name_taken(self, name: str) -> bool:
         return self._one("pipeline_name_taken", {"name": name}) is not None
@@ -108,8 +145,11 @@ class SqliteBackend:
         limit: int,
     ) -> list[Task]:
         after_created, after_id = after if after is not None else (_MIN_TIME, "")
-        params: dict[str, Any] = {"after_created": after_created, "after_id": after_id,
-                                  "limit": limit}  # fmt: skip
+        params: dict[str, Any] = {
+            "after_created": after_created,
+            "after_id": after_id,
+            "limit": limit,
+        }
         if stage is not None and pipeline_id is not None:
             name = "list_tasks_by_pipeline_and_stage"
         elif stage is not None:
@@ -135,8 +175,10 @@ class SqliteBackend:
     # --- dependencies and assignments ----------------------------------------------------------
 
     def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
-        self._exec("insert_dependency", {"task_id": task_id,
-                                         "depends_on_task_id": depends_on_task_id, "now": now})  # fmt: skip
+        self._exec(
+            "insert_dependency",
+            {"task_id": task_id, "depends_on_task_id": depends_on_task_id, "now": now},
+        )
 
     def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool:
         params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id}
@@ -152,8 +194,10 @@ class SqliteBackend:
     def upsert_assignment(
         self, task_id: str, agent_id: str, assigned_by: str | None, now: int
     ) -> None:
-        self._exec("upsert_assignment", {"task_id": task_id, "agent_id": agent_id,
-                                         "assigned_by": assigned_by, "now": now})  # fmt: skip
+        self._exec(
+            "upsert_assignment",
+            {"task_id": task_id, "agent_id": agent_id, "assigned_by": assigned_by, "now": now},
+        )
 
     def unassign(self, task_id: str, agent_id: str, now: int) -> bool:
         params = {"task_id": task_id, "agent_id": agent_id, "now": now}
@@ -179,8 +223,12 @@ class SqliteBackend:
     def claim_candidate(
         self, agent_role: str, agent_id: str, full_stages_json: str, now: int
     ) -> Task | None:
-        params = {"agent_role": agent_role, "agent_id": agent_id,
-                  "full_stages": full_stages_json, "now": now}  # fmt: skip
+        params = {
+            "agent_role": agent_role,
+            "agent_id": agent_id,
+            "full_stages": full_stages_json,
+            "now": now,
+        }
         row = self._one("claim_candidate", params)
         return None if row is None else _task(row)
 
@@ -190,8 +238,17 @@ class SqliteBackend:
     def insert_run(
         self, id: str, task_id: str, attempt: int, agent_id: str, agent_role: str, now: int
     ) -> None:
-        self._exec("insert_run", {"id": id, "task_id": task_id, "attempt": attempt,
-                                  "agent_id": agent_id, "agent_role": agent_role, "now": now})  # fmt: skip
+        self._exec(
+            "insert_run",
+            {
+                "id": id,
+                "task_id": task_id,
+                "attempt": attempt,
+                "agent_id": agent_id,
+                "agent_role": agent_role,
+                "now": now,
+            },
+        )
 
     def insert_lease(self, **params: Any) -> None:
         self._exec("insert_lease", params)
@@ -209,8 +266,9 @@ class SqliteBackend:
         return None if row is None else LeaseRow(*row)
 
     def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None:
-        self._exec("extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms,
-                                    "now": now})  # fmt: skip
+        self._exec(
+            "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
+        )
 
     def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
         return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0
@@ -219,8 +277,9 @@ class SqliteBackend:
         self._exec("delete_lease", {"id": id})
 
     def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int:
-        self._exec("insert_event", {"run_id": run_id, "kind": kind, "data_json": data_json,
-                                    "now": now})  # fmt: skip
+        self._exec(
+            "insert_event", {"run_id": run_id, "kind": kind, "data_json": data_json, "now": now}
+        )
         return int(self.conn.last_insert_rowid())
 
     def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
@@ -230,8 +289,13 @@ class SqliteBackend:
     def end_run(
         self, id: str, status: str, usage_json: str, error_text: str | None, now: int
     ) -> bool:
-        params = {"id": id, "status": status, "usage_json": usage_json,
-                  "error_text": error_text, "now": now}  # fmt: skip
+        params = {
+            "id": id,
+            "status": status,
+            "usage_json": usage_json,
+            "error_text": error_text,
+            "now": now,
+        }
         return self._exec("end_run", params) > 0
 
     def move_task(self, id: str, stage: str, task_version: int, now: int) -> bool:
@@ -242,16 +306,30 @@ class SqliteBackend:
         return int(self._value("failed_attempts", {"task_id": task_id}))
 
     def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None:
-        self._exec("schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms,
-                                      "now": now})  # fmt: skip
+        self._exec(
+            "schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms, "now": now}
+        )
 
     def dead_letter_task(
-        self, id: str, stage: str, version_bump: int, reason: str, next_eligible_at_ms: int,
+        self,
+        id: str,
+        stage: str,
+        version_bump: int,
+        reason: str,
+        next_eligible_at_ms: int,
         now: int,
-    ) -> None:  # fmt: skip
-        self._exec("dead_letter_task", {"id": id, "stage": stage, "version_bump": version_bump,
-                                        "reason": reason,
-                                        "next_eligible_at_ms": next_eligible_at_ms, "now": now})  # fmt: skip
+    ) -> None:
+        self._exec(
+            "dead_letter_task",
+            {
+                "id": id,
+                "stage": stage,
+                "version_bump": version_bump,
+                "reason": reason,
+                "next_eligible_at_ms": next_eligible_at_ms,
+                "now": now,
+            },
+        )
 
     # --- artifacts -----------------------------------------------------------------------------
 
@@ -262,14 +340,79 @@ class SqliteBackend:
         return self._one("run_exists", {"id": id}) is not None
 
     def list_artifacts(
-        self, *, task_id: str | None, run_id: str | None, after: tuple[int, str] | None,
+        self,
+        *,
+        task_id: str | None,
+        run_id: str | None,
+        after: tuple[int, str] | None,
         limit: int,
-    ) -> list[Artifact]:  # fmt: skip
+    ) -> list[Artifact]:
         after_created, after_id = after if after is not None else (_MIN_TIME, "")
-        rows = self._all("list_artifacts", {"task_id": task_id, "run_id": run_id,
-                                            "after_created": after_created,
-                                            "after_id": after_id, "limit": limit})  # fmt: skip
+        rows = self._all(
+            "list_artifacts",
+            {
+                "task_id": task_id,
+                "run_id": run_id,
+                "after_created": after_created,
+                "after_id": after_id,
+                "limit": limit,
+            },
+        )
         return [Artifact(*r[:8], Raw(r[8])) for r in rows]
+
+    # --- store ---------------------------------------------------------------------------------
+
+    def put_value(self, namespace: str, key: str, value_json: str, now: int) -> None:
+        self._exec(
+            "put_value", {"namespace": namespace, "key": key, "value_json": value_json, "now": now}
+        )
+
+    def get_value(self, namespace: str, key: str) -> StoreEntry | None:
+        row = self._one("get_value", {"namespace": namespace, "key": key})
+        return None if row is None else StoreEntry(row[0], row[1], Raw(row[2]), row[3], row[4])
+
+    def delete_value(self, namespace: str, key: str) -> None:
+        self._exec("delete_value", {"namespace": namespace, "key": key})
+
+    def list_namespace(self, namespace: str) -> list[StoreEntry]:
+        rows = self._all("list_namespace", {"namespace": namespace})
+        return [StoreEntry(r[0], r[1], Raw(r[2]), r[3], r[4]) for r in rows]
+
+    def delete_namespace(self, namespace: str) -> None:
+        self._exec("delete_namespace", {"namespace": namespace})
+
+    def search_store(
+        self,
+        query: str,
+        namespace: str | None,
+        filter_path: str | None,
+        filter_value: str | None,
+        limit: int,
+    ) -> list[SearchHit]:
+        params = {
+            "query": query,
+            "namespace": namespace,
+            "filter_path": filter_path,
+            "filter_value": filter_value,
+            "limit": limit,
+        }
+        try:
+            rows = self._all("search_store", params)
+        except apsw.SQLError as exc:  # e.g. a malformed JSON path from the request
+            raise StorageQueryError(str(exc)) from None
+        return [
+            SearchHit(r[0], r[1], Raw(r[2]), r[3], r[4], score=r[5], snippet=r[6]) for r in rows
+        ]
+
+    def role_stage_queue(
+        self, now: int, stuck_before: int, near_expiry_before: int
+    ) -> list[tuple[str, int, int | None, int, int, int]]:
+        params = {
+            "now": now,
+            "stuck_before": stuck_before,
+            "near_expiry_before": near_expiry_before,
+        }
+        return [tuple(r) for r in self._all("role_stage_queue", params)]  # type: ignore[misc]
 
     # --- health --------------------------------------------------------------------------------
 
@@ -294,5 +437,5 @@ class SqliteBackend:
         return self._exec("purge_idempotency", {"before": before})
 
 
-def locals_(**kw: Any) -> dict[str, Any]:
+def dict(**kw: Any) -> dict[str, Any]:
     return kw

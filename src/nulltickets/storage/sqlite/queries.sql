@@ -336,3 +336,127 @@ VALUES (:key, :method, :path, :request_hash, :auth_hash, :status, :body, :now);
 
 -- purge_idempotency --
 DELETE FROM idempotency_keys WHERE created_at_ms < :before;
+
+-- put_value --
+INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
+VALUES (:namespace, :key, :value_json, :now, :now)
+ON CONFLICT (namespace, key) DO UPDATE
+SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
+
+-- get_value --
+SELECT namespace, key, value_json, created_at_ms, updated_at_ms
+FROM store
+WHERE namespace = :namespace AND key = :key;
+
+-- delete_value --
+DELETE FROM store WHERE namespace = :namespace AND key = :key;
+
+-- list_namespace --
+SELECT namespace, key, value_json, created_at_ms, updated_at_ms
+FROM store
+WHERE namespace = :namespace
+ORDER BY key;
+
+-- delete_namespace --
+DELETE FROM store WHERE namespace = :namespace;
+
+-- search_store --
+-- :query is already a sanitised FTS5 expression (quoted phrases joined by AND). With
+-- :filter_path, keep rows whose value at that path has the text form :filter_value (strings as
+-- themselves, numbers in decimal, booleans as true/false, null as null); without
+-- :filter_value, rows where the path exists.
+SELECT
+    s.namespace, s.key, s.value_json, s.created_at_ms, s.updated_at_ms,
+    bm25(store_fts) AS score,
+    snippet(store_fts, -1, '[', ']', '…', 16) AS snippet
+FROM store_fts
+JOIN store AS s ON s.rowid = store_fts.rowid
+WHERE store_fts MATCH :query
+    AND (:namespace IS NULL OR s.namespace = :namespace)
+    AND (
+        :filter_path IS NULL
+        OR (
+            :filter_value IS NULL
+            AND json_type(s.value_json, :filter_path) IS NOT NULL
+        )
+        OR (
+            CASE json_type(s.value_json, :filter_path)
+                WHEN 'true' THEN 'true'
+                WHEN 'false' THEN 'false'
+                WHEN 'null' THEN 'null'
+                WHEN 'object' THEN json_extract(s.value_json, :filter_path)
+                WHEN 'array' THEN json_extract(s.value_json, :filter_path)
+                ELSE CAST(json_extract(s.value_json, :filter_path) AS TEXT)
+            END = :filter_value
+        )
+    )
+ORDER BY score, s.namespace, s.key
+LIMIT :limit;
+
+-- role_stage_queue --
+-- One row per (pipeline, stage) that names a role, with the counts /ops/queue sums per role.
+-- Each count starts from an index on live state (the claim index, running runs, lease expiry),
+-- so finished tasks never enter the computation.
+SELECT
+    s.agent_role,
+    (
+        SELECT count(*)
+        FROM tasks AS t INDEXED BY idx_tasks_claim
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+            AND t.dead_letter_reason IS NULL
+            AND t.next_eligible_at_ms <= :now
+            AND NOT EXISTS (
+                SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
+            )
+            AND NOT EXISTS (
+                SELECT 1
+                FROM task_dependencies AS d
+                JOIN tasks AS u ON u.id = d.depends_on_task_id
+                LEFT JOIN pipeline_stages AS us
+                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+                WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0
+            )
+    ) AS claimable_count,
+    (
+        SELECT min(t.created_at_ms)
+        FROM tasks AS t INDEXED BY idx_tasks_claim
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+            AND t.dead_letter_reason IS NULL
+            AND t.next_eligible_at_ms <= :now
+            AND NOT EXISTS (
+                SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
+            )
+            AND NOT EXISTS (
+                SELECT 1
+                FROM task_dependencies AS d
+                JOIN tasks AS u ON u.id = d.depends_on_task_id
+                LEFT JOIN pipeline_stages AS us
+                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+                WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0
+            )
+    ) AS oldest_created_at_ms,
+    (
+        SELECT count(*)
+        FROM tasks AS t
+        JOIN runs AS r ON r.task_id = t.id
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+            AND r.status IN ('failed', 'stale')
+    ) AS failed_count,
+    (
+        SELECT count(*)
+        FROM runs AS r
+        JOIN tasks AS t ON t.id = r.task_id
+        WHERE r.status = 'running' AND r.started_at_ms <= :stuck_before
+            AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS stuck_count,
+    (
+        SELECT count(*)
+        FROM leases AS l
+        JOIN runs AS r ON r.id = l.run_id
+        JOIN tasks AS t ON t.id = r.task_id
+        WHERE l.expires_at_ms > :now AND l.expires_at_ms <= :near_expiry_before
+            AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS near_expiry_leases
+FROM pipeline_stages AS s
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.pipeline_id, s.stage;
