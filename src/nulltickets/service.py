@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from nulltickets import __version__, core
+from nulltickets import __version__, core, otlp
 from nulltickets.domain import fsm
 from nulltickets.domain.commands import (
     AppendEvent,
@@ -45,10 +45,12 @@ from nulltickets.domain.model import (
     RoleQueue,
     RunStatus,
     SearchHit,
+    Span,
     StoreEntry,
     Task,
     TaskAssignment,
     TaskDetails,
+    TraceIngest,
     TransitionResult,
 )
 from nulltickets.domain.search import fts_query
@@ -75,6 +77,7 @@ from nulltickets.errors import (
     TrackerError,
     Unauthorized,
 )
+from nulltickets.otlp import SpanRow
 from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
 
 RESERVED_NAMESPACE = "search"
@@ -527,6 +530,35 @@ class Tracker:
             return b.search_store(query, namespace, filter_path, filter_value, limit)
         except StorageQueryError as exc:
             raise InvalidQuery(f"cannot search with this filter_path: {exc}") from None
+
+    # --- traces --------------------------------------------------------------------------------
+
+    def ingest_traces(
+        self,
+        b: Backend,
+        content_type: str,
+        spans: list[SpanRow] | None,
+        payload: bytes,
+        now: int,
+    ) -> TraceIngest:
+        """Store one export. `spans` is None when the payload could not be decoded: then only
+        the raw bytes are kept. JSON payloads keep their text; decoded protobuf keeps spans."""
+        if spans is None:
+            batch = b.insert_otlp_batch(content_type, None, payload, 0, now)
+            return TraceIngest(batch, 0, "blob")
+        as_json = otlp.is_json(content_type)
+        batch = b.insert_otlp_batch(
+            content_type, payload.decode() if as_json else None, None, len(spans), now
+        )
+        for span in spans:
+            b.insert_otlp_span(batch, msgspec.structs.asdict(span))
+        return TraceIngest(batch, len(spans), "json" if as_json else "protobuf")
+
+    def list_spans(
+        self, b: Backend, run_id: str, after: int, limit: int
+    ) -> tuple[list[Span], str | None]:
+        rows = b.list_run_spans(run_id, after, limit + 1)
+        return _page(rows, limit, lambda s: str(s.id))
 
     # --- queue report --------------------------------------------------------------------------
 

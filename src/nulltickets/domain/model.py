@@ -198,3 +198,36 @@ class RoleQueue(Struct):
 class QueueReport(Struct):
     roles: list[RoleQueue]
     generated_at_ms: int
+
+
+class Span(Struct):
+    """A stored OpenTelemetry span (ids in hex, times in Unix nanoseconds)."""
+
+    id: int
+    batch_id: int
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: str | None
+    start_time_unix_nano: int | None
+    end_time_unix_nano: int | None
+    status_code: str | None
+    status_message: str | None
+    scope_name: str | None
+    scope_version: str | None
+    run_id: str | None
+    task_id: str | None
+    attributes: Raw
+    resource_attributes: Raw
+
+
+class SpanPage(Struct):
+    items: list[Span]
+    next_cursor: str | None
+
+
+class TraceIngest(Struct):
+    batch_id: int
+    accepted_spans: int
+    stored: str

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from nulltickets import otlp
 from nulltickets.domain import commands as cmd
 from nulltickets.domain.model import ClaimResult
 from nulltickets.domain.tokens import lease_token_hash, same_token
@@ -442,3 +443,32 @@ async def queue_report(ctx: Context, req: Request) -> Reply:
     return ok(
         200, await ctx.read(lambda b: ctx.tracker.queue_report(b, now, near_expiry_ms, stuck_ms))
     )
+
+
+# --- traces ------------------------------------------------------------------------------------
+
+
+async def ingest_traces(ctx: Context, req: Request) -> Reply:
+    content_type = otlp.normalize_content_type(req.header("content-type"))
+    spans: list[otlp.SpanRow] | None
+    if otlp.is_json(content_type):
+        spans = otlp.spans_from_json(req.body)  # 400 invalid_json: nothing is stored
+    elif otlp.is_protobuf(content_type):
+        try:
+            spans = otlp.spans_from_protobuf(req.body)
+        except otlp.OtlpDecodeError:
+            spans = None  # kept raw, as the original keeps every protobuf payload
+    else:
+        spans = None
+    body = req.body
+    return await ctx.write(
+        req, lambda b, now: ok(200, ctx.tracker.ingest_traces(b, content_type, spans, body, now))
+    )
+
+
+async def list_spans(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    limit = req.limit(100)
+    after = req.event_cursor()
+    items, cursor = await ctx.read(lambda b: ctx.tracker.list_spans(b, run_id, after, limit))
+    return ok(200, {"items": items, "next_cursor": cursor})

@@ -20,6 +20,7 @@ from nulltickets.domain.model import (
     Pipeline,
     Run,
     SearchHit,
+    Span,
     StageCount,
     StoreEntry,
     Task,
@@ -413,6 +414,35 @@ class SqliteBackend:
             "near_expiry_before": near_expiry_before,
         }
         return [tuple(r) for r in self._all("role_stage_queue", params)]  # type: ignore[misc]
+
+    # --- traces --------------------------------------------------------------------------------
+
+    def insert_otlp_batch(
+        self,
+        content_type: str,
+        payload_json: str | None,
+        payload_blob: bytes | None,
+        parsed_spans: int,
+        now: int,
+    ) -> int:
+        self._exec(
+            "insert_otlp_batch",
+            {
+                "content_type": content_type,
+                "payload_json": payload_json,
+                "payload_blob": payload_blob,
+                "parsed_spans": parsed_spans,
+                "now": now,
+            },
+        )
+        return int(self.conn.last_insert_rowid())
+
+    def insert_otlp_span(self, batch_id: int, span: dict[str, Any]) -> None:
+        self._exec("insert_otlp_span", {"batch_id": batch_id, **span})
+
+    def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]:
+        rows = self._all("list_run_spans", {"run_id": run_id, "after_id": after_id, "limit": limit})
+        return [Span(*r[:15], Raw(r[15]), Raw(r[16])) for r in rows]
 
     # --- health --------------------------------------------------------------------------------
 

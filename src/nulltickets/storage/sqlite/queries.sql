@@ -460,3 +460,29 @@ SELECT
 FROM pipeline_stages AS s
 WHERE s.agent_role IS NOT NULL
 ORDER BY s.pipeline_id, s.stage;
+
+-- insert_otlp_batch --
+INSERT INTO otlp_batches (received_at_ms, content_type, payload_json, payload_blob, parsed_spans)
+VALUES (:now, :content_type, :payload_json, :payload_blob, :parsed_spans);
+
+-- insert_otlp_span --
+INSERT INTO otlp_spans (
+    batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
+    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
+    attributes_json, resource_attributes_json, raw_json
+)
+VALUES (
+    :batch_id, :trace_id, :span_id, :parent_span_id, :name, :kind, :start_time_unix_nano,
+    :end_time_unix_nano, :status_code, :status_message, :scope_name, :scope_version, :run_id,
+    :task_id, :attributes_json, :resource_attributes_json, :raw_json
+);
+
+-- list_run_spans --
+SELECT
+    id, batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
+    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
+    attributes_json, resource_attributes_json
+FROM otlp_spans
+WHERE run_id = :run_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
