@@ -1,38 +1,71 @@
-"""The `nulltickets` command: parse flags, build Settings, start granian. No logic of its own."""
+"""The `nulltickets` command: parse flags, build Settings, start granian. No logic of its own.
+
+nulltickets [serve|gateway|nulltickets] [flags]   run the server (contract §16.1)
+nulltickets --export-manifest                     print nullhub's manifest (§16.4)
+nulltickets --from-json '<json>'                  write config.json from wizard answers (§16.5)
+"""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from nulltickets import __version__, core
-from nulltickets.config import ENV_SETTINGS, Settings
+from nulltickets.config import (
+    DURABILITIES,
+    ENV_SETTINGS,
+    ConfigError,
+    Flags,
+    Settings,
+    build_settings,
+    parse_port,
+    write_wizard_config,
+)
 from nulltickets.errors import TrackerError
 
-# Words that mean "run the server" (nullhub launches `<bin> nulltickets` or `<bin> serve`).
+# Words that mean "run the server" (nullhub launches `<bin> serve`, or `<bin> nulltickets` for
+# installs made from the original manifest).
 SERVE_WORDS = ("serve", "gateway", "nulltickets")
+
+USAGE = """nulltickets [serve|gateway|nulltickets] [--config PATH] [--host HOST] [--port N]
+                   [--db PATH] [--token T] [--max-body-bytes N] [--durability {full,normal}]
+                   [--access-log] [--version]
+       nulltickets --export-manifest
+       nulltickets --from-json '<json>'"""
+
+EPILOG = """configuration: flags win over the config file (--config PATH, else
+$NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over
+$NULLTICKETS_PORT and the defaults. Config keys: port, db (relative to the file's
+directory), api_token (empty or null: no auth), host, durability, max_body_bytes."""
 
 
 def version_line() -> str:
     return f"nulltickets v{__version__} (core: {core.IMPLEMENTATION})"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """Bad flags are a start-up error: status 1, one line on stderr."""
+        self.exit(1, f"nulltickets: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nulltickets",
+        usage=USAGE,
         description="Durable task state for AI agents, served over a JSON HTTP API.",
+        epilog=EPILOG,
+        allow_abbrev=False,
     )
     p.add_argument(
-        "command",
-        nargs="?",
-        choices=SERVE_WORDS,
-        default="serve",
-        help="run the server (the default; all three words mean the same)",
+        "--config", default=None, help="config file (default $NULLTICKETS_HOME/config.json)"
     )
-    p.add_argument("--port", type=int, default=None, help="listen port (default 7700)")
+    p.add_argument("--port", default=None, help="listen port 0..65535 (default 7700)")
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--db", default=None, help="SQLite database path (default nulltickets.db)")
     p.add_argument("--token", default=None, help="admin API token (default: auth disabled)")
@@ -44,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--durability",
-        choices=("full", "normal"),
+        choices=DURABILITIES,
         default=None,
         help="fsync every commit (full) or only at checkpoints (normal)",
     )
@@ -53,18 +86,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    base = Settings()
-    token = args.token if args.token is not None else base.token
-    return Settings(
-        db=args.db or base.db,
-        host=args.host or base.host,
-        port=args.port if args.port is not None else base.port,
-        token=token or None,
-        max_body_bytes=args.max_body_bytes or base.max_body_bytes,
-        durability=args.durability or base.durability,
+def _value_flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {
+        opt
+        for action in parser._actions
+        if action.nargs is None and action.option_strings
+        for opt in action.option_strings
+    }
+
+
+def flags_from_args(args: argparse.Namespace) -> Flags:
+    return Flags(
+        config=args.config,
+        db=args.db,
+        host=args.host,
+        port=None if args.port is None else parse_port(args.port, "--port"),
+        token=args.token,
+        max_body_bytes=args.max_body_bytes,
+        durability=args.durability,
         access_log=args.access_log,
     )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return build_settings(flags_from_args(args))
 
 
 def is_loopback(host: str) -> bool:
@@ -78,12 +123,12 @@ def is_loopback(host: str) -> bool:
 
 def check_settings(settings: Settings) -> None:
     if not 0 <= settings.port <= 65535:
-        raise SystemExit(f"nulltickets: --port must be 0..65535, got {settings.port}")
+        raise ConfigError(f"port must be 0..65535, got {settings.port}")
     if settings.max_body_bytes < 1024:
-        raise SystemExit("nulltickets: --max-body-bytes must be at least 1024")
+        raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
     if not is_loopback(settings.host) and not settings.token:
-        raise SystemExit(
-            f"nulltickets: refusing to listen on {settings.host} without a token; "
+        raise ConfigError(
+            f"refusing to listen on {settings.host} without a token; "
             "pass --token (or set api_token in the config) or bind 127.0.0.1"
         )
 
@@ -131,18 +176,57 @@ def serve(settings: Settings) -> None:
         log_enabled=True,
         log_access=settings.access_log,
     )
-    server.serve(target_loader=load_app)
+    # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
+    server.serve(target_loader=load_app)  # type: ignore[arg-type]
+
+
+def export_manifest() -> int:
+    from nulltickets.manifest import manifest
+
+    print(json.dumps(manifest(), indent=2))
+    return 0
+
+
+def from_json(rest: Sequence[str]) -> int:
+    if not rest:
+        print("nulltickets: --from-json needs a JSON argument", file=sys.stderr)
+        return 1
+    try:
+        write_wizard_config(rest[0])
+    except ConfigError as exc:
+        print(f"nulltickets: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"status": "ok"}, separators=(",", ":")))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, _unknown = _parser().parse_known_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    # Both modes count only as the first argument, like the original's.
+    if args_in[:1] == ["--export-manifest"]:
+        return export_manifest()
+    if args_in[:1] == ["--from-json"]:
+        return from_json(args_in[1:])
+    parser = _parser()
+    # Unknown arguments, and a value flag given last without its value, are ignored (§16.1)
+    # but named on stderr.
+    dangling: list[str] = []
+    while args_in and args_in[-1] in _value_flags(parser):
+        dangling.insert(0, args_in.pop())
+    args, unknown = parser.parse_known_args(args_in)
+    ignored = [a for a in unknown + dangling if a not in SERVE_WORDS]
     if args.version:
         print(version_line())
         return 0
-    settings = settings_from_args(args)
-    check_settings(settings)
+    if ignored:
+        print(f"nulltickets: ignoring {' '.join(ignored)}", file=sys.stderr)
     try:
+        settings = settings_from_args(args)
+        check_settings(settings)
         preflight(settings)
+    except ConfigError as exc:
+        print(f"nulltickets: {exc}", file=sys.stderr)
+        return 1
     except TrackerError as exc:
         print(f"nulltickets: {exc.message}", file=sys.stderr)
         return 1
