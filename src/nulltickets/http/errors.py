@@ -46,6 +46,9 @@ STATUS: dict[type[BaseException], int] = {
 
 # Headers that go with a status (a busy database asks the client to come back shortly).
 EXTRA_HEADERS: dict[int, list[tuple[str, str]]] = {
+    # The unread rest of the request cannot be told apart from the next one: close.
+    408: [("connection", "close")],
+    413: [("connection", "close")],
     503: [("retry-after", "1")],
     507: [("retry-after", "5")],
 }

@@ -61,7 +61,10 @@ def decode(kind: type[T], body: bytes) -> T:
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind, strict=False)
     try:
+        body.decode("utf-8")  # msgspec passes invalid UTF-8 inside strings through
         value: T = decoder.decode(body)
+    except UnicodeDecodeError as exc:
+        raise InvalidJson(f"invalid JSON body: not UTF-8 at byte {exc.start}") from None
     except msgspec.DecodeError as exc:
         raise InvalidJson(f"invalid JSON body: {exc}") from None
     except RecursionError:

@@ -231,7 +231,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "DELETE",
-        "/tasks/{id}/assignments/{agent_id}",
+        "/tasks/{id}/assignments/{agent_id+}",
         h.unassign,
         "End the agent's active assignment.",
         response=h.StatusBody,
