@@ -133,7 +133,9 @@ class Server:
         return cmd + self.args
 
     def start(self, timeout: float = 20.0) -> Server:
-        env = {**os.environ, **(self.env or {})}
+        # A home of its own, so a developer's ~/.nulltickets/config.json never leaks in.
+        env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home"),
+               **(self.env or {})}  # fmt: skip
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          env=env, cwd=self.cwd)  # fmt: skip
