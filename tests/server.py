@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -111,8 +112,15 @@ class Client:
 class Server:
     """One server process on its own port and database file."""
 
-    def __init__(self, db: Path, *, token: str | None = None, args: list[str] | None = None,
-                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        db: Path,
+        *,
+        token: str | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.db = db
         self.token = token
         self.port = free_port()
@@ -134,11 +142,11 @@ class Server:
 
     def start(self, timeout: float = 20.0) -> Server:
         # A home of its own, so a developer's ~/.nulltickets/config.json never leaks in.
-        env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home"),
-               **(self.env or {})}  # fmt: skip
+        env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home"), **(self.env or {})}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, cwd=self.cwd)  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd
+            )
         self.wait_healthy(timeout)
         return self
 
@@ -181,11 +189,9 @@ class Server:
     def kill(self) -> None:
         """SIGKILL the whole process group of the server (supervisor and worker)."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in _children(self.proc.pid) + [self.proc.pid]:
-                try:
+            for pid in [*_children(self.proc.pid), self.proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.proc.wait()
         self.proc = None
 
@@ -207,9 +213,14 @@ PIPELINE = {
         "dead": {"terminal": True},
     },
     "transitions": [
-        {"from": "todo", "to": "review", "trigger": "submit", "instructions": "review it",
-         "required_gates": ["tests"]},
+        {
+            "from": "todo",
+            "to": "review",
+            "trigger": "submit",
+            "instructions": "review it",
+            "required_gates": ["tests"],
+        },
         {"from": "review", "to": "done", "trigger": "approve"},
         {"from": "review", "to": "todo", "trigger": "reject"},
     ],
-}  # fmt: skip
+}

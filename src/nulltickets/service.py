@@ -209,7 +209,7 @@ class Tracker:
             raise NotFound("task not found")
         latest = b.latest_run(task_id)
         details = TaskDetails(
-            *msgspec.structs.astuple(task),
+            **msgspec.structs.asdict(task),
             dependencies=b.list_dependencies(task_id),
             assignments=[
                 TaskAssignment(
@@ -350,7 +350,7 @@ class Tracker:
         run = b.get_run(run_id)
         assert run is not None
         claimed = ClaimedTask(
-            *msgspec.structs.astuple(task), available_transitions=self._available(b, task)
+            **msgspec.structs.asdict(task), available_transitions=self._available(b, task)
         )
         return ClaimResult(claimed, run, lease_id, token, expires)
 

@@ -13,8 +13,7 @@ from tests.server import Client
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 MISSING = "00000000-0000-4000-8000-000000000000"
-FIELDS = ["id", "task_id", "run_id", "created_at_ms", "kind", "uri", "sha256", "size_bytes",
-          "meta"]  # fmt: skip
+FIELDS = ["id", "task_id", "run_id", "created_at_ms", "kind", "uri", "sha256", "size_bytes", "meta"]
 
 
 def compact(value: Any) -> str:
@@ -22,8 +21,10 @@ def compact(value: Any) -> str:
 
 
 def new_task(client: Client, pipeline_id: str | None = None) -> str:
-    r = client.post("/tasks", {"pipeline_id": pipeline_id or create_pipeline(client),
-                               "title": "t", "description": "d"})  # fmt: skip
+    r = client.post(
+        "/tasks",
+        {"pipeline_id": pipeline_id or create_pipeline(client), "title": "t", "description": "d"},
+    )
     assert r.status == 201, r.body
     return str(r.json["id"])
 
@@ -65,8 +66,15 @@ def test_create_returns_201_with_an_id_and_lists_defaults(client: Client) -> Non
 
 def test_every_field_is_stored_as_given(client: Client) -> None:
     task_id, run_id = new_run(client)
-    artifact_id = new_artifact(client, task_id=task_id, run_id=run_id, kind="", uri="not a uri",
-                               sha256="not-hex", size_bytes=12345)  # fmt: skip
+    artifact_id = new_artifact(
+        client,
+        task_id=task_id,
+        run_id=run_id,
+        kind="",
+        uri="not a uri",
+        sha256="not-hex",
+        size_bytes=12345,
+    )
     (item,) = listed(client, f"run_id={run_id}")
     assert item["id"] == artifact_id
     assert (item["task_id"], item["run_id"]) == (task_id, run_id)
@@ -75,8 +83,9 @@ def test_every_field_is_stored_as_given(client: Client) -> None:
 
 
 def test_an_artifact_without_task_or_run_is_accepted(client: Client) -> None:
-    r = client.post("/artifacts", {"kind": "note", "uri": "mem://x", "task_id": None,
-                                   "run_id": None})  # fmt: skip
+    r = client.post(
+        "/artifacts", {"kind": "note", "uri": "mem://x", "task_id": None, "run_id": None}
+    )
     assert r.status == 201, r.body
 
 
@@ -118,8 +127,9 @@ def test_unknown_task_id_is_404_task_not_found_and_stores_nothing(client: Client
 
 def test_unknown_run_id_is_404_not_found_and_stores_nothing(client: Client) -> None:
     task_id = new_task(client)
-    r = client.post("/artifacts", {"task_id": task_id, "run_id": MISSING, "kind": "log",
-                                   "uri": "u"})  # fmt: skip
+    r = client.post(
+        "/artifacts", {"task_id": task_id, "run_id": MISSING, "kind": "log", "uri": "u"}
+    )
     assert r.status == 404
     assert r.error_code == "not_found"
     assert listed(client, f"task_id={task_id}") == []
@@ -127,11 +137,15 @@ def test_unknown_run_id_is_404_not_found_and_stores_nothing(client: Client) -> N
 
 @pytest.mark.parametrize(
     "body",
-    [{"uri": "u"}, {"kind": "k"}, {"kind": 1, "uri": "u"}, {"kind": "k", "uri": "u",
-                                                            "size_bytes": "big"},
-     {"kind": "k", "uri": "u", "task_id": 5}],
+    [
+        {"uri": "u"},
+        {"kind": "k"},
+        {"kind": 1, "uri": "u"},
+        {"kind": "k", "uri": "u", "size_bytes": "big"},
+        {"kind": "k", "uri": "u", "task_id": 5},
+    ],
     ids=["no-kind", "no-uri", "kind-number", "size-string", "task-number"],
-)  # fmt: skip
+)
 def test_malformed_bodies_are_400_invalid_json(client: Client, body: Any) -> None:
     r = client.post("/artifacts", body)
     assert r.status == 400
@@ -172,7 +186,8 @@ def test_paging_returns_every_artifact_exactly_once_in_creation_order(client: Cl
     assert sorted(a["id"] for a in seen) == sorted(ids)
     assert len(seen) == 11
     assert [a["id"] for a in seen] == [
-        a["id"] for a in sorted(seen, key=lambda a: (a["created_at_ms"], a["id"]))]  # fmt: skip
+        a["id"] for a in sorted(seen, key=lambda a: (a["created_at_ms"], a["id"]))
+    ]
 
 
 def test_the_default_page_size_is_100(client: Client) -> None:
@@ -187,10 +202,14 @@ def test_the_default_page_size_is_100(client: Client) -> None:
 
 @pytest.mark.parametrize(
     ("query", "code"),
-    [("limit=0", "invalid_limit"), ("limit=1001", "invalid_limit"),
-     ("cursor=nocolon", "invalid_cursor"), ("cursor=x:y", "invalid_cursor"),
-     ("limit=0&cursor=bad", "invalid_limit")],
-)  # fmt: skip
+    [
+        ("limit=0", "invalid_limit"),
+        ("limit=1001", "invalid_limit"),
+        ("cursor=nocolon", "invalid_cursor"),
+        ("cursor=x:y", "invalid_cursor"),
+        ("limit=0&cursor=bad", "invalid_limit"),
+    ],
+)
 def test_bad_limits_and_cursors_are_rejected(client: Client, query: str, code: str) -> None:
     r = client.get(f"/artifacts?{query}")
     assert r.status == 400

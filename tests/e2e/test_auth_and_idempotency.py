@@ -45,8 +45,12 @@ ADMIN_ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/store/search?q=x", None),
 ]
 EXEMPT = ["/health", "/openapi.json", "/.well-known/openapi.json"]
-LEASE_ROUTES = [f"/leases/{ID}/heartbeat", f"/runs/{ID}/events", f"/runs/{ID}/transition",
-                f"/runs/{ID}/fail"]  # fmt: skip
+LEASE_ROUTES = [
+    f"/leases/{ID}/heartbeat",
+    f"/runs/{ID}/events",
+    f"/runs/{ID}/transition",
+    f"/runs/{ID}/fail",
+]
 BAD_AUTH: dict[str, dict[str, str]] = {
     "none": {},
     "wrong-token": {"Authorization": "Bearer wrong"},
@@ -90,8 +94,9 @@ def admin(headers: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def new_task(client: Client, pipeline_id: str, **kw: Any) -> Response:
-    return client.post("/tasks", {"pipeline_id": pipeline_id, "title": "t", "description": "d"},
-                       **kw)  # fmt: skip
+    return client.post(
+        "/tasks", {"pipeline_id": pipeline_id, "title": "t", "description": "d"}, **kw
+    )
 
 
 def task_count(client: Client, pipeline_id: str, **kw: Any) -> int:
@@ -132,8 +137,13 @@ def test_health_and_openapi_need_no_token(secured: Client, path: str, auth: str)
 
 
 def test_unknown_paths_and_wrong_methods_are_401_before_routing(secured: Client) -> None:
-    for method, path in [("GET", "/nope"), ("PATCH", "/tasks"), ("GET", "/leases/claim"),
-                         ("POST", "/health/x"), ("GET", "/")]:  # fmt: skip
+    for method, path in [
+        ("GET", "/nope"),
+        ("PATCH", "/tasks"),
+        ("GET", "/leases/claim"),
+        ("POST", "/health/x"),
+        ("GET", "/"),
+    ]:
         r = secured.request(method, path)
         assert (r.status, r.error_code) == (401, "unauthorized"), (method, path)
         r = secured.request(method, path, headers=admin())
@@ -164,14 +174,17 @@ def test_the_admin_token_is_no_lease_token(secured: Client) -> None:
     lease = secured.post("/leases/claim", {"agent_id": "a", "agent_role": coder}, token=TOKEN)
     assert lease.status == 200, lease.body
     run_id, lease_id = lease.json["run"]["id"], lease.json["lease_id"]
-    for path, body in [(f"/leases/{lease_id}/heartbeat", None),
-                       (f"/runs/{run_id}/events", {"kind": "k"}),
-                       (f"/runs/{run_id}/transition", {"trigger": "submit"}),
-                       (f"/runs/{run_id}/fail", {"error": "e"})]:  # fmt: skip
+    for path, body in [
+        (f"/leases/{lease_id}/heartbeat", None),
+        (f"/runs/{run_id}/events", {"kind": "k"}),
+        (f"/runs/{run_id}/transition", {"trigger": "submit"}),
+        (f"/runs/{run_id}/fail", {"error": "e"}),
+    ]:
         r = secured.post(path, body, token=TOKEN)
         assert (r.status, r.error_code) == (401, "unauthorized"), path
-    ok = secured.post(f"/runs/{run_id}/transition", {"trigger": "submit"},
-                      token=lease.json["lease_token"])  # fmt: skip
+    ok = secured.post(
+        f"/runs/{run_id}/transition", {"trigger": "submit"}, token=lease.json["lease_token"]
+    )
     assert ok.status == 200, ok.body
 
 
@@ -230,8 +243,9 @@ def test_the_same_key_with_a_different_body_is_409_idempotency_conflict(client: 
     pipeline_id = create_pipeline(client)
     key = key_header()
     assert new_task(client, pipeline_id, headers=key).status == 201
-    other = client.post("/tasks", {"pipeline_id": pipeline_id, "title": "other",
-                                   "description": "d"}, headers=key)  # fmt: skip
+    other = client.post(
+        "/tasks", {"pipeline_id": pipeline_id, "title": "other", "description": "d"}, headers=key
+    )
     assert (other.status, other.error_code) == (409, "idempotency_conflict")
     assert task_count(client, pipeline_id) == 1
 
@@ -248,8 +262,7 @@ def test_whitespace_changes_make_a_different_body(client: Client) -> None:
 
 def test_the_same_key_on_another_path_or_method_is_independent(client: Client) -> None:
     key = key_header()
-    pipeline = client.post("/pipelines", {"name": unique("p"), "definition": PIPELINE},
-                           headers=key)  # fmt: skip
+    pipeline = client.post("/pipelines", {"name": unique("p"), "definition": PIPELINE}, headers=key)
     assert pipeline.status == 201
     task = new_task(client, pipeline.json["id"], headers=key)
     assert task.status == 201
@@ -298,11 +311,13 @@ def test_failures_are_not_stored_so_a_retry_executes_again(client: Client) -> No
 def test_after_a_failure_the_same_key_accepts_a_different_body(client: Client) -> None:
     pipeline_id = create_pipeline(client)
     key = key_header()
-    bad = client.post("/tasks", {"pipeline_id": str(uuid.uuid4()), "title": "t",
-                                 "description": "d"}, headers=key)  # fmt: skip
+    bad = client.post(
+        "/tasks", {"pipeline_id": str(uuid.uuid4()), "title": "t", "description": "d"}, headers=key
+    )
     assert (bad.status, bad.error_code) == (404, "pipeline_not_found")
-    again = client.post("/tasks", {"pipeline_id": str(uuid.uuid4()), "title": "t",
-                                   "description": "d"}, headers=key)  # fmt: skip
+    again = client.post(
+        "/tasks", {"pipeline_id": str(uuid.uuid4()), "title": "t", "description": "d"}, headers=key
+    )
     assert again.error_code == "pipeline_not_found"
     good = new_task(client, pipeline_id, headers=key)
     assert good.status == 201, good.body
@@ -314,8 +329,11 @@ def test_a_400_is_not_stored_either(client: Client) -> None:
     pipeline_id = create_pipeline(client)
     key = key_header()
     assert client.post("/tasks/bulk", {"tasks": []}, headers=key).error_code == "invalid_request"
-    r = client.post("/tasks/bulk", {"tasks": [{"pipeline_id": pipeline_id, "title": "t",
-                                               "description": "d"}]}, headers=key)  # fmt: skip
+    r = client.post(
+        "/tasks/bulk",
+        {"tasks": [{"pipeline_id": pipeline_id, "title": "t", "description": "d"}]},
+        headers=key,
+    )
     assert r.status == 201, r.body
 
 
@@ -333,8 +351,7 @@ def test_get_requests_ignore_the_key(client: Client) -> None:
 
 
 def claim(client: Client, role: str, headers: dict[str, str] | None = None) -> Response:
-    return client.post("/leases/claim", {"agent_id": "agent", "agent_role": role},
-                       headers=headers)  # fmt: skip
+    return client.post("/leases/claim", {"agent_id": "agent", "agent_role": role}, headers=headers)
 
 
 def test_a_replayed_claim_returns_the_same_lease_with_a_rotated_token(client: Client) -> None:
@@ -347,7 +364,11 @@ def test_a_replayed_claim_returns_the_same_lease_with_a_rotated_token(client: Cl
     assert replay.status == 200, replay.body
     a, b = first.json, replay.json
     assert (b["lease_id"], b["run"], b["task"], b["expires_at_ms"]) == (
-        a["lease_id"], a["run"], a["task"], a["expires_at_ms"])  # fmt: skip
+        a["lease_id"],
+        a["run"],
+        a["task"],
+        a["expires_at_ms"],
+    )
     assert b["lease_token"] != a["lease_token"]
     assert len(b["lease_token"]) == 64 and int(b["lease_token"], 16) >= 0
 
@@ -375,8 +396,7 @@ def test_a_replayed_transition_needs_the_same_lease_token(client: Client) -> Non
     assert first.status == 200, first.body
     assert first.json == {"previous_stage": "todo", "new_stage": "review", "trigger": "submit"}
 
-    stranger = client.post(f"/runs/{run_id}/transition", body, headers=key,
-                           token=random_token())  # fmt: skip
+    stranger = client.post(f"/runs/{run_id}/transition", body, headers=key, token=random_token())
     assert (stranger.status, stranger.error_code) == (401, "unauthorized")
     anonymous = client.post(f"/runs/{run_id}/transition", body, headers=key)
     assert (anonymous.status, anonymous.error_code) == (401, "unauthorized")
@@ -403,6 +423,5 @@ def test_a_replayed_event_append_returns_the_same_event_id(client: Client) -> No
     assert replay.json == first.json
     events = client.get(f"/runs/{run_id}/events").json["items"]
     assert [e["kind"] for e in events] == ["note"]
-    conflict = client.post(f"/runs/{run_id}/events", {"kind": "other"}, headers=key,
-                           token=token)  # fmt: skip
+    conflict = client.post(f"/runs/{run_id}/events", {"kind": "other"}, headers=key, token=token)
     assert (conflict.status, conflict.error_code) == (409, "idempotency_conflict")

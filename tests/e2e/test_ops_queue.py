@@ -17,9 +17,15 @@ def role_report(client: Client, role: str, query: str = "") -> dict[str, Any]:
 
 
 def add_tasks(client: Client, pipeline_id: str, n: int, **extra: Any) -> list[str]:
-    r = client.post("/tasks/bulk", {"tasks": [
-        {"pipeline_id": pipeline_id, "title": f"t{i}", "description": "", **extra}
-        for i in range(n)]})  # fmt: skip
+    r = client.post(
+        "/tasks/bulk",
+        {
+            "tasks": [
+                {"pipeline_id": pipeline_id, "title": f"t{i}", "description": "", **extra}
+                for i in range(n)
+            ]
+        },
+    )
     assert r.status == 201, r.body
     return list(r.json["ids"])
 
@@ -42,17 +48,22 @@ def test_roles_are_listed_even_with_nothing_to_do(client: Client) -> None:
     _, coder, reviewer = pipeline_with_roles(client)
     for role in (coder, reviewer):
         assert role_report(client, role) == {
-            "role": role, "claimable_count": 0, "oldest_claimable_age_ms": None,
-            "failed_count": 0, "stuck_count": 0, "near_expiry_leases": 0,
-        }  # fmt: skip
+            "role": role,
+            "claimable_count": 0,
+            "oldest_claimable_age_ms": None,
+            "failed_count": 0,
+            "stuck_count": 0,
+            "near_expiry_leases": 0,
+        }
 
 
 def test_claimable_count_excludes_leased_delayed_blocked_and_dead_tasks(client: Client) -> None:
     pid, coder, _ = pipeline_with_roles(client)
     upstream = add_tasks(client, pid, 1)[0]
     add_tasks(client, pid, 3)
-    blocked = client.post("/tasks", {"pipeline_id": pid, "title": "b", "description": "",
-                                     "dependencies": [upstream]})  # fmt: skip
+    blocked = client.post(
+        "/tasks", {"pipeline_id": pid, "title": "b", "description": "", "dependencies": [upstream]}
+    )
     assert blocked.status == 201
     report = role_report(client, coder)
     assert report["claimable_count"] == 4
@@ -65,8 +76,9 @@ def test_failures_stuck_runs_and_near_expiry_leases_are_counted(client: Client) 
     pid, coder, _ = pipeline_with_roles(client)
     add_tasks(client, pid, 2, retry_policy={"retry_delay_ms": 3_600_000})
     failed = claim(client, coder)
-    r = client.post(f"/runs/{failed['run']['id']}/fail", {"error": "boom"},
-                    token=failed["lease_token"])  # fmt: skip
+    r = client.post(
+        f"/runs/{failed['run']['id']}/fail", {"error": "boom"}, token=failed["lease_token"]
+    )
     assert r.status == 200
     claim(client, coder, lease_ttl_ms=30_000)
     report = role_report(client, coder, "?stuck_ms=0&near_expiry_ms=60000")

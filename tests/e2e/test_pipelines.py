@@ -160,42 +160,83 @@ CASES: list[tuple[str, Any, str]] = [
     ("V1-missing-initial", {k: v for k, v in PIPELINE.items() if k != "initial"}, "initial"),
     ("V1-initial-number", with_changes(initial=1), "initial"),
     ("V1-states-array", with_changes(states=[]), "states"),
-    ("V1-missing-transitions", {k: v for k, v in PIPELINE.items() if k != "transitions"},
-     "transitions"),
+    (
+        "V1-missing-transitions",
+        {k: v for k, v in PIPELINE.items() if k != "transitions"},
+        "transitions",
+    ),
     ("V1-transitions-object", with_changes(transitions={}), "transitions"),
-    ("V1-terminal-string", with_changes(states={**PIPELINE["states"], "done": {"terminal": "yes"}}),
-     "terminal"),
-    ("V1-agent-role-number", with_changes(states={**PIPELINE["states"], "todo": {"agent_role": 1}}),
-     "agent_role"),
+    (
+        "V1-terminal-string",
+        with_changes(states={**PIPELINE["states"], "done": {"terminal": "yes"}}),
+        "terminal",
+    ),
+    (
+        "V1-agent-role-number",
+        with_changes(states={**PIPELINE["states"], "todo": {"agent_role": 1}}),
+        "agent_role",
+    ),
     ("V1-state-not-object", with_changes(states={**PIPELINE["states"], "todo": "coder"}), "todo"),
-    ("V1-transition-without-trigger",
-     with_changes(transitions=[*PIPELINE["transitions"], {"from": "todo", "to": "done"}]),
-     "trigger"),
-    ("V1-gates-not-strings",
-     with_changes(transitions=[{"from": "todo", "to": "review", "trigger": "submit",
-                                "required_gates": ["tests", 3]}, *PIPELINE["transitions"][1:]]),
-     "required_gates"),
+    (
+        "V1-transition-without-trigger",
+        with_changes(transitions=[*PIPELINE["transitions"], {"from": "todo", "to": "done"}]),
+        "trigger",
+    ),
+    (
+        "V1-gates-not-strings",
+        with_changes(
+            transitions=[
+                {
+                    "from": "todo",
+                    "to": "review",
+                    "trigger": "submit",
+                    "required_gates": ["tests", 3],
+                },
+                *PIPELINE["transitions"][1:],
+            ]
+        ),
+        "required_gates",
+    ),
     ("V2-initial-empty", with_changes(initial=""), "initial"),
     ("V3-no-states", with_changes(states={}), "states"),
     ("V4-no-transitions", with_changes(transitions=[]), "transitions"),
     ("V5-initial-not-a-state", with_changes(initial="backlog"), "backlog"),
-    ("V6-from-not-a-state",
-     with_changes(transitions=[*PIPELINE["transitions"], {"from": "qa", "to": "done",
-                                                          "trigger": "ok"}]), "qa"),
-    ("V6-to-not-a-state",
-     with_changes(transitions=[*PIPELINE["transitions"], {"from": "review", "to": "shipped",
-                                                          "trigger": "ship"}]), "shipped"),
-    ("V7-no-terminal-state",
-     {"initial": "todo", "states": STATES_NO_TERMINAL,
-      "transitions": [{"from": "todo", "to": "review", "trigger": "a"},
-                      {"from": "review", "to": "todo", "trigger": "b"}]}, "terminal"),
-    ("V8-dead-end-state",
-     with_changes(states={**PIPELINE["states"], "limbo": {}}), "limbo"),
-]  # fmt: skip
+    (
+        "V6-from-not-a-state",
+        with_changes(
+            transitions=[*PIPELINE["transitions"], {"from": "qa", "to": "done", "trigger": "ok"}]
+        ),
+        "qa",
+    ),
+    (
+        "V6-to-not-a-state",
+        with_changes(
+            transitions=[
+                *PIPELINE["transitions"],
+                {"from": "review", "to": "shipped", "trigger": "ship"},
+            ]
+        ),
+        "shipped",
+    ),
+    (
+        "V7-no-terminal-state",
+        {
+            "initial": "todo",
+            "states": STATES_NO_TERMINAL,
+            "transitions": [
+                {"from": "todo", "to": "review", "trigger": "a"},
+                {"from": "review", "to": "todo", "trigger": "b"},
+            ],
+        },
+        "terminal",
+    ),
+    ("V8-dead-end-state", with_changes(states={**PIPELINE["states"], "limbo": {}}), "limbo"),
+]
 
 
-@pytest.mark.parametrize(("definition", "fragment"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("definition", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_invalid_definitions_are_400_validation_failed_naming_the_reason(
     client: Client, definition: Any, fragment: str
 ) -> None:
@@ -211,8 +252,9 @@ def test_each_validation_rule_has_its_own_message(client: Client) -> None:
     first_of_each = {}
     for case_id, definition, _ in CASES:
         first_of_each.setdefault(case_id.split("-")[0], definition)
-    messages = {rule: post_pipeline(client, d).json["error"]["message"]
-                for rule, d in first_of_each.items()}  # fmt: skip
+    messages = {
+        rule: post_pipeline(client, d).json["error"]["message"] for rule, d in first_of_each.items()
+    }
     assert len(messages) == 8
     assert len(set(messages.values())) == 8, messages
 

@@ -51,8 +51,15 @@ def task_json(pipeline_id: str, extra: str = "") -> str:
 
 # --- malformed bodies --------------------------------------------------------------------------
 
-WRITE_ROUTES = ["/pipelines", "/tasks", "/tasks/bulk", "/tasks/{task}/dependencies",
-                "/tasks/{task}/assignments", "/leases/claim", "/artifacts"]  # fmt: skip
+WRITE_ROUTES = [
+    "/pipelines",
+    "/tasks",
+    "/tasks/bulk",
+    "/tasks/{task}/dependencies",
+    "/tasks/{task}/assignments",
+    "/leases/claim",
+    "/artifacts",
+]
 MALFORMED = {
     "empty": b"",
     "whitespace": b"  \n ",
@@ -87,8 +94,15 @@ WRONG_TYPES = [
     ("/tasks", {"pipeline_id": "p", "title": "t", "description": "d", "dependencies": "x"}),
     ("/tasks", {"pipeline_id": "p", "title": "t", "description": "d", "dependencies": [1]}),
     ("/tasks", {"pipeline_id": "p", "title": "t", "description": "d", "retry_policy": 3}),
-    ("/tasks", {"pipeline_id": "p", "title": "t", "description": "d",
-                "retry_policy": {"max_attempts": "many"}}),
+    (
+        "/tasks",
+        {
+            "pipeline_id": "p",
+            "title": "t",
+            "description": "d",
+            "retry_policy": {"max_attempts": "many"},
+        },
+    ),
     ("/tasks", {"pipeline_id": "p", "title": "t", "description": "d", "assigned_agent_id": 7}),
     ("/tasks", {"pipeline_id": "p", "title": "t"}),
     ("/tasks", {"title": "t", "description": "d"}),
@@ -96,7 +110,7 @@ WRONG_TYPES = [
     ("/leases/claim", {"agent_id": "a", "agent_role": "r", "lease_ttl_ms": "soon"}),
     ("/leases/claim", {"agent_id": "a", "agent_role": "r", "concurrency": 5}),
     ("/artifacts", {"kind": "k", "uri": "u", "sha256": 5}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -161,20 +175,30 @@ def test_non_integral_values_for_integers_are_400_invalid_json(
 
 @pytest.mark.parametrize(
     "literal",
-    ["9223372036854775808", "-9223372036854775809", "18446744073709551616",
-     "1" + "0" * 400, "1e300", '"9223372036854775808"'],
-)  # fmt: skip
+    [
+        "9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "1" + "0" * 400,
+        "1e300",
+        '"9223372036854775808"',
+    ],
+)
 @pytest.mark.parametrize("field", ["priority", "retry_delay_ms", "size_bytes", "lease_ttl_ms"])
 def test_integers_beyond_int64_are_400_not_500(client: Client, field: str, literal: str) -> None:
     pipeline_id = create_pipeline(client)
     path, body = {
         "priority": ("/tasks", task_json(pipeline_id, f', "priority": {literal}')),
-        "retry_delay_ms": ("/tasks", task_json(
-            pipeline_id, f', "retry_policy": {{"retry_delay_ms": {literal}}}')),
+        "retry_delay_ms": (
+            "/tasks",
+            task_json(pipeline_id, f', "retry_policy": {{"retry_delay_ms": {literal}}}'),
+        ),
         "size_bytes": ("/artifacts", f'{{"kind": "k", "uri": "u", "size_bytes": {literal}}}'),
-        "lease_ttl_ms": ("/leases/claim", f'{{"agent_id": "a", "agent_role": "{unique("role")}", '
-                         f'"lease_ttl_ms": {literal}}}'),
-    }[field]  # fmt: skip
+        "lease_ttl_ms": (
+            "/leases/claim",
+            f'{{"agent_id": "a", "agent_role": "{unique("role")}", "lease_ttl_ms": {literal}}}',
+        ),
+    }[field]
     r = raw_post(client, path, body)
     assert r.status == 400, r.body
     assert_envelope(r)
@@ -320,12 +344,20 @@ def test_deeply_nested_json_is_400(client: Client, where: str) -> None:
     pipeline_id = create_pipeline(client)
     path, body = {
         "whole-body": ("/tasks", "[" * depth + "]" * depth),
-        "metadata": ("/tasks", task_json(pipeline_id,
-                                         ', "metadata": ' + "[" * depth + "]" * depth)),
-        "definition": ("/pipelines", f'{{"name": "{unique("deep")}", "definition": '
-                       + '{"a":' * depth + "1" + "}" * depth + "}"),
+        "metadata": (
+            "/tasks",
+            task_json(pipeline_id, ', "metadata": ' + "[" * depth + "]" * depth),
+        ),
+        "definition": (
+            "/pipelines",
+            f'{{"name": "{unique("deep")}", "definition": '
+            + '{"a":' * depth
+            + "1"
+            + "}" * depth
+            + "}",
+        ),
         "unclosed": ("/tasks", task_json(pipeline_id, ', "metadata": ' + "[" * depth)[:-1]),
-    }[where]  # fmt: skip
+    }[where]
     r = raw_post(client, path, body)
     assert r.status == 400, r.body
     assert assert_envelope(r) == "invalid_json"
@@ -340,13 +372,17 @@ def test_invalid_utf8_is_400(client: Client, where: str) -> None:
     start = f'{{"pipeline_id": "{pipeline_id}", '.encode()
     path, body = {
         "title": ("/tasks", start + b'"title": "\xff\xfe", "description": "d"}'),
-        "metadata-string": ("/tasks", start + b'"title": "t", "description": "d", '
-                                              b'"metadata": "\xc3\x28"}'),
-        "metadata-key": ("/tasks", start + b'"title": "t", "description": "d", '
-                                           b'"metadata": {"\xed\xa0\x80": 1}}'),
+        "metadata-string": (
+            "/tasks",
+            start + b'"title": "t", "description": "d", "metadata": "\xc3\x28"}',
+        ),
+        "metadata-key": (
+            "/tasks",
+            start + b'"title": "t", "description": "d", "metadata": {"\xed\xa0\x80": 1}}',
+        ),
         "definition": ("/pipelines", b'{"name": "n", "definition": {"x": "\x80"}}'),
         "truncated-sequence": ("/tasks", start + b'"title": "t\xe2\x82", "description": "d"}'),
-    }[where]  # fmt: skip
+    }[where]
     r = raw_post(client, path, body)
     assert r.status == 400, r.body
     assert assert_envelope(r) == "invalid_json"
@@ -355,8 +391,15 @@ def test_invalid_utf8_is_400(client: Client, where: str) -> None:
 def test_nul_bytes_in_strings_are_stored_and_echoed(client: Client) -> None:
     pipeline_id = create_pipeline(client)
     metadata = {"k\u0000ey": "v\u0000al", "list": ["\u0000"]}
-    r = client.post("/tasks", {"pipeline_id": pipeline_id, "title": "a\u0000b",
-                               "description": "\u0000", "metadata": metadata})  # fmt: skip
+    r = client.post(
+        "/tasks",
+        {
+            "pipeline_id": pipeline_id,
+            "title": "a\u0000b",
+            "description": "\u0000",
+            "metadata": metadata,
+        },
+    )
     assert r.status == 201, r.body
     task = client.get(f"/tasks/{r.json['id']}").json
     assert task["title"] == "a\u0000b"
@@ -409,8 +452,9 @@ ERRORS: list[tuple[str, str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), ERRORS,
-                         ids=[f"{m} {p} {i}" for i, (m, p, _) in enumerate(ERRORS)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path", "body"), ERRORS, ids=[f"{m} {p} {i}" for i, (m, p, _) in enumerate(ERRORS)]
+)
 def test_every_error_body_is_the_json_envelope(
     client: Client, method: str, path: str, body: Any
 ) -> None:

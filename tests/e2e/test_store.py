@@ -134,11 +134,32 @@ def test_search_needs_q_with_a_term(client: Client) -> None:
 @pytest.mark.parametrize(
     "hostile",
     [
-        '"', '""', '"unterminated', "a OR b", "NEAR(a b)", "NEAR(a b, 2)", "*", "a*", "-x",
-        "col:term", "namespace:x", "^start", "(a", "a)", "AND", "NOT", "{a b}", "é ü 中文 🎉",
-        "a\x00b", "\\", "'", "%", "x" * 10_000, "word " * 2000,
+        '"',
+        '""',
+        '"unterminated',
+        "a OR b",
+        "NEAR(a b)",
+        "NEAR(a b, 2)",
+        "*",
+        "a*",
+        "-x",
+        "col:term",
+        "namespace:x",
+        "^start",
+        "(a",
+        "a)",
+        "AND",
+        "NOT",
+        "{a b}",
+        "é ü 中文 🎉",
+        "a\x00b",
+        "\\",
+        "'",
+        "%",
+        "x" * 10_000,
+        "word " * 2000,
     ],
-)  # fmt: skip
+)
 def test_hostile_queries_never_fail(client: Client, hostile: str) -> None:
     r = client.get(f"/store/search?q={quote(hostile, safe='')}")
     assert r.status in (200, 400), r.body

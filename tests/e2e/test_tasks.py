@@ -16,10 +16,22 @@ UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9
 CURSOR = re.compile(r"^-?\d+:.+$")
 MISSING = "00000000-0000-4000-8000-000000000000"
 TASK_FIELDS = [
-    "id", "pipeline_id", "stage", "title", "description", "priority", "metadata",
-    "task_version", "next_eligible_at_ms", "retry_delay_ms", "max_attempts",
-    "dead_letter_stage", "dead_letter_reason", "created_at_ms", "updated_at_ms",
-]  # fmt: skip
+    "id",
+    "pipeline_id",
+    "stage",
+    "title",
+    "description",
+    "priority",
+    "metadata",
+    "task_version",
+    "next_eligible_at_ms",
+    "retry_delay_ms",
+    "max_attempts",
+    "dead_letter_stage",
+    "dead_letter_reason",
+    "created_at_ms",
+    "updated_at_ms",
+]
 # A pipeline whose initial stage is terminal: its tasks count as resolved dependencies at once.
 FINISHED = {
     "initial": "done",
@@ -97,8 +109,15 @@ def test_create_returns_an_id_and_the_task_starts_with_defaults(client: Client) 
 
 
 def test_explicit_nulls_mean_defaults(client: Client) -> None:
-    task_id = new_task(client, create_pipeline(client), priority=None, metadata=None,
-                       retry_policy=None, dependencies=None, assigned_agent_id=None)  # fmt: skip
+    task_id = new_task(
+        client,
+        create_pipeline(client),
+        priority=None,
+        metadata=None,
+        retry_policy=None,
+        dependencies=None,
+        assigned_agent_id=None,
+    )
     task = client.get(f"/tasks/{task_id}").json
     assert task["priority"] == 0
     assert task["metadata"] == {}
@@ -112,8 +131,9 @@ def test_priority_is_stored_as_given(client: Client, priority: int) -> None:
 
 
 def test_empty_strings_are_accepted_for_title_and_description(client: Client) -> None:
-    r = client.post("/tasks", {"pipeline_id": create_pipeline(client), "title": "",
-                               "description": ""})  # fmt: skip
+    r = client.post(
+        "/tasks", {"pipeline_id": create_pipeline(client), "title": "", "description": ""}
+    )
     assert r.status == 201, r.body
     task = client.get(f"/tasks/{r.json['id']}").json
     assert (task["title"], task["description"]) == ("", "")
@@ -157,17 +177,27 @@ def test_partial_retry_policy_keeps_other_defaults(client: Client) -> None:
     )
     task = client.get(f"/tasks/{task_id}").json
     assert (task["max_attempts"], task["retry_delay_ms"], task["dead_letter_stage"]) == (
-        None, 10, None)  # fmt: skip
+        None,
+        10,
+        None,
+    )
 
 
 def test_assigned_agent_id_creates_an_active_assignment(client: Client) -> None:
-    task_id = new_task(client, create_pipeline(client), assigned_agent_id="ann",
-                       assigned_by="boss")  # fmt: skip
+    task_id = new_task(client, create_pipeline(client), assigned_agent_id="ann", assigned_by="boss")
     (assignment,) = client.get(f"/tasks/{task_id}").json["assignments"]
-    assert list(assignment) == ["agent_id", "assigned_by", "active", "created_at_ms",
-                                "updated_at_ms"]  # fmt: skip
+    assert list(assignment) == [
+        "agent_id",
+        "assigned_by",
+        "active",
+        "created_at_ms",
+        "updated_at_ms",
+    ]
     assert (assignment["agent_id"], assignment["assigned_by"], assignment["active"]) == (
-        "ann", "boss", True)  # fmt: skip
+        "ann",
+        "boss",
+        True,
+    )
 
 
 def test_assigned_by_without_an_agent_assigns_nobody(client: Client) -> None:
@@ -211,8 +241,9 @@ def test_dependency_listed_twice_is_409_duplicate_dependency_and_creates_nothing
 ) -> None:
     pipeline_id = create_pipeline(client)
     upstream = new_task(client, pipeline_id)
-    r = client.post("/tasks", task_body(pipeline_id, dependencies=[upstream, upstream],
-                                        assigned_agent_id="ann"))  # fmt: skip
+    r = client.post(
+        "/tasks", task_body(pipeline_id, dependencies=[upstream, upstream], assigned_agent_id="ann")
+    )
     assert r.status == 409
     assert r.error_code == "duplicate_dependency"
     assert task_ids(client, pipeline_id) == [upstream]
@@ -231,9 +262,15 @@ def test_dependencies_may_cross_pipelines(client: Client) -> None:
 def test_bulk_returns_ids_in_input_order(client: Client) -> None:
     pipeline_id = create_pipeline(client)
     titles = [f"t{i}" for i in range(5)]
-    r = client.post("/tasks/bulk", {"tasks": [
-        {"pipeline_id": pipeline_id, "title": t, "description": "d", "priority": i}
-        for i, t in enumerate(titles)]})  # fmt: skip
+    r = client.post(
+        "/tasks/bulk",
+        {
+            "tasks": [
+                {"pipeline_id": pipeline_id, "title": t, "description": "d", "priority": i}
+                for i, t in enumerate(titles)
+            ]
+        },
+    )
     assert r.status == 201, r.body
     assert list(r.json) == ["ids"]
     ids = r.json["ids"]
@@ -245,9 +282,17 @@ def test_bulk_returns_ids_in_input_order(client: Client) -> None:
 def test_bulk_elements_follow_single_create_rules(client: Client) -> None:
     pipeline_id = create_pipeline(client)
     upstream = new_task(client, pipeline_id)
-    r = client.post("/tasks/bulk", {"tasks": [
-        task_body(pipeline_id, metadata=[1], dependencies=[upstream], assigned_agent_id="bo"),
-        task_body(pipeline_id, retry_policy={"max_attempts": 2})]})  # fmt: skip
+    r = client.post(
+        "/tasks/bulk",
+        {
+            "tasks": [
+                task_body(
+                    pipeline_id, metadata=[1], dependencies=[upstream], assigned_agent_id="bo"
+                ),
+                task_body(pipeline_id, retry_policy={"max_attempts": 2}),
+            ]
+        },
+    )
     assert r.status == 201, r.body
     first, second = (client.get(f"/tasks/{i}").json for i in r.json["ids"])
     assert first["metadata"] == [1]
@@ -265,10 +310,22 @@ def test_bulk_is_one_transaction_so_a_bad_element_creates_nothing(client: Client
         "dependency": task_body(pipeline_id, dependencies=[MISSING]),
         "duplicate": task_body(pipeline_id, dependencies=[upstream, upstream]),
     }[bad]
-    r = client.post("/tasks/bulk", {"tasks": [task_body(pipeline_id), task_body(pipeline_id),
-                                              element, task_body(pipeline_id)]})  # fmt: skip
-    expected = {"pipeline": (404, "pipeline_not_found"), "dependency": (404, "task_not_found"),
-                "duplicate": (409, "duplicate_dependency")}[bad]  # fmt: skip
+    r = client.post(
+        "/tasks/bulk",
+        {
+            "tasks": [
+                task_body(pipeline_id),
+                task_body(pipeline_id),
+                element,
+                task_body(pipeline_id),
+            ]
+        },
+    )
+    expected = {
+        "pipeline": (404, "pipeline_not_found"),
+        "dependency": (404, "task_not_found"),
+        "duplicate": (409, "duplicate_dependency"),
+    }[bad]
     assert (r.status, r.error_code) == expected
     assert task_ids(client, pipeline_id) == [upstream]
 
@@ -281,10 +338,15 @@ def test_bulk_with_an_empty_list_is_400_invalid_request(client: Client) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{}, {"tasks": None}, {"tasks": {}}, {"tasks": ["x"]},
-     {"tasks": [{"title": "t", "description": "d"}]}],
+    [
+        {},
+        {"tasks": None},
+        {"tasks": {}},
+        {"tasks": ["x"]},
+        {"tasks": [{"title": "t", "description": "d"}]},
+    ],
     ids=["no-tasks", "null", "object", "string-element", "element-without-pipeline"],
-)  # fmt: skip
+)
 def test_bulk_with_a_malformed_body_or_element_is_400_invalid_json(
     client: Client, body: Any
 ) -> None:
@@ -327,8 +389,9 @@ def test_list_filters_by_pipeline_and_stage(client: Client) -> None:
     assert list(r.json["items"][0]) == TASK_FIELDS
 
     assert {t["id"] for t in client.get(f"/tasks?stage={stage}").json["items"]} == {a, b, c}
-    assert [t["id"] for t in client.get(f"/tasks?stage={stage}&pipeline_id={second}")
-            .json["items"]] == [c]  # fmt: skip
+    assert [
+        t["id"] for t in client.get(f"/tasks?stage={stage}&pipeline_id={second}").json["items"]
+    ] == [c]
     assert client.get(f"/tasks?stage=done&pipeline_id={first}").json["items"] == []
     assert client.get(f"/tasks?stage=&pipeline_id={first}").json["items"] == []
 
@@ -358,8 +421,9 @@ def test_unknown_query_parameters_and_pairs_without_a_value_are_ignored(client: 
 
 
 def bulk(client: Client, pipeline_id: str, n: int) -> list[str]:
-    r = client.post("/tasks/bulk", {"tasks": [task_body(pipeline_id, title=f"t{i}")
-                                              for i in range(n)]})  # fmt: skip
+    r = client.post(
+        "/tasks/bulk", {"tasks": [task_body(pipeline_id, title=f"t{i}") for i in range(n)]}
+    )
     assert r.status == 201, r.body
     return list(r.json["ids"])
 
@@ -478,8 +542,11 @@ def test_details_of_a_task_that_never_ran_omit_latest_run(client: Client) -> Non
     r = client.get(f"/tasks/{task_id}")
     assert r.status == 200
     assert "latest_run" not in r.json
-    assert list(r.json)[len(TASK_FIELDS):] == ["dependencies", "assignments",
-                                               "available_transitions"]  # fmt: skip
+    assert list(r.json)[len(TASK_FIELDS) :] == [
+        "dependencies",
+        "assignments",
+        "available_transitions",
+    ]
 
 
 def test_details_list_available_transitions_of_the_current_stage(client: Client) -> None:
@@ -489,8 +556,9 @@ def test_details_list_available_transitions_of_the_current_stage(client: Client)
         {"trigger": "submit", "to": "review", "required_gates": ["tests"]}
     ]
     lease = claim(client, coder).json
-    moved = client.post(f"/runs/{lease['run']['id']}/transition", {"trigger": "submit"},
-                        token=lease["lease_token"])  # fmt: skip
+    moved = client.post(
+        f"/runs/{lease['run']['id']}/transition", {"trigger": "submit"}, token=lease["lease_token"]
+    )
     assert moved.status == 200, moved.body
     assert client.get(f"/tasks/{task_id}").json["available_transitions"] == [
         {"trigger": "approve", "to": "done", "required_gates": []},
@@ -505,8 +573,16 @@ def test_details_of_a_claimed_task_include_the_latest_run(client: Client) -> Non
     details = client.get(f"/tasks/{task_id}").json
     run = details["latest_run"]
     assert run == lease["run"]
-    assert list(run) == ["id", "task_id", "attempt", "status", "agent_id", "agent_role",
-                         "started_at_ms", "ended_at_ms"]  # fmt: skip
+    assert list(run) == [
+        "id",
+        "task_id",
+        "attempt",
+        "status",
+        "agent_id",
+        "agent_role",
+        "started_at_ms",
+        "ended_at_ms",
+    ]
     assert (run["task_id"], run["attempt"], run["status"]) == (task_id, 1, "running")
     assert (run["agent_id"], run["agent_role"], run["ended_at_ms"]) == ("agent-7", coder, None)
 
@@ -516,15 +592,20 @@ def test_details_show_dependencies_with_their_resolved_flag(client: Client) -> N
     upstream = new_task(client, pipeline_id)
     task_id = new_task(client, pipeline_id, dependencies=[upstream])
     assert client.get(f"/tasks/{task_id}").json["dependencies"] == [
-        {"depends_on_task_id": upstream, "resolved": False}]  # fmt: skip
+        {"depends_on_task_id": upstream, "resolved": False}
+    ]
     for role, trigger in ((coder, "submit"), (reviewer, "approve")):
         lease = claim(client, role).json
         assert lease["task"]["id"] == upstream
-        r = client.post(f"/runs/{lease['run']['id']}/transition", {"trigger": trigger},
-                        token=lease["lease_token"])  # fmt: skip
+        r = client.post(
+            f"/runs/{lease['run']['id']}/transition",
+            {"trigger": trigger},
+            token=lease["lease_token"],
+        )
         assert r.status == 200, r.body
     assert client.get(f"/tasks/{task_id}").json["dependencies"] == [
-        {"depends_on_task_id": upstream, "resolved": True}]  # fmt: skip
+        {"depends_on_task_id": upstream, "resolved": True}
+    ]
 
 
 def test_details_show_the_assignment_history_without_task_id(client: Client) -> None:
@@ -642,10 +723,20 @@ def test_assigning_returns_assigned_and_lists_it_with_task_id(client: Client) ->
     assert r.status == 201
     assert r.json == {"status": "assigned"}
     (row,) = client.get(f"/tasks/{task_id}/assignments").json
-    assert list(row) == ["task_id", "agent_id", "assigned_by", "active", "created_at_ms",
-                         "updated_at_ms"]  # fmt: skip
+    assert list(row) == [
+        "task_id",
+        "agent_id",
+        "assigned_by",
+        "active",
+        "created_at_ms",
+        "updated_at_ms",
+    ]
     assert (row["task_id"], row["agent_id"], row["assigned_by"], row["active"]) == (
-        task_id, "ann", "boss", True)  # fmt: skip
+        task_id,
+        "ann",
+        "boss",
+        True,
+    )
 
 
 def test_assigning_an_unknown_task_is_404_task_not_found(client: Client) -> None:
@@ -694,14 +785,15 @@ def test_unassigning_deactivates_and_a_second_unassign_is_404(client: Client) ->
 def test_unassigning_without_an_active_row_is_404_not_found(client: Client, target: str) -> None:
     task_id = new_task(client, create_pipeline(client), assigned_agent_id="ann")
     assert assign(client, task_id, "bob").status == 201
-    path = {"unknown-task": f"/tasks/{MISSING}/assignments/bob",
-            "unknown-agent": f"/tasks/{task_id}/assignments/carl",
-            "inactive-agent": f"/tasks/{task_id}/assignments/ann"}[target]  # fmt: skip
+    path = {
+        "unknown-task": f"/tasks/{MISSING}/assignments/bob",
+        "unknown-agent": f"/tasks/{task_id}/assignments/carl",
+        "inactive-agent": f"/tasks/{task_id}/assignments/ann",
+    }[target]
     r = client.delete(path)
     assert r.status == 404
     assert r.error_code == "not_found"
-    assert [a["active"] for a in client.get(f"/tasks/{task_id}/assignments").json] == [
-        False, True]  # fmt: skip
+    assert [a["active"] for a in client.get(f"/tasks/{task_id}/assignments").json] == [False, True]
 
 
 def test_an_agent_id_with_a_percent_encoded_slash_is_unassigned(client: Client) -> None:

@@ -25,17 +25,39 @@ def claimed_run(client: Client) -> dict[str, Any]:
 
 
 def json_export(run_id: str, task_id: str, span_ids: list[str]) -> dict[str, Any]:
-    return {"resourceSpans": [{
-        "resource": {"attributes": [
-            {"key": "service.name", "value": {"stringValue": "agent"}},
-            {"key": "nulltickets.task_id", "value": {"stringValue": task_id}}]},
-        "scopeSpans": [{"scope": {"name": "llm", "version": "1.0"}, "spans": [
-            {"traceId": TRACE, "spanId": sid, "name": f"call-{sid}", "kind": 3,
-             "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000500000000",
-             "attributes": [{"key": "nulltickets.run_id", "value": {"stringValue": run_id}},
-                            {"key": "tokens", "value": {"intValue": "42"}}],
-             "status": {"code": 1, "message": "fine"}}
-            for sid in span_ids]}]}]}  # fmt: skip
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": "service.name", "value": {"stringValue": "agent"}},
+                        {"key": "nulltickets.task_id", "value": {"stringValue": task_id}},
+                    ]
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "llm", "version": "1.0"},
+                        "spans": [
+                            {
+                                "traceId": TRACE,
+                                "spanId": sid,
+                                "name": f"call-{sid}",
+                                "kind": 3,
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000000500000000",
+                                "attributes": [
+                                    {"key": "nulltickets.run_id", "value": {"stringValue": run_id}},
+                                    {"key": "tokens", "value": {"intValue": "42"}},
+                                ],
+                                "status": {"code": 1, "message": "fine"},
+                            }
+                            for sid in span_ids
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def protobuf_export(run_id: str, task_id: str, span_ids: list[str]) -> bytes:
@@ -43,20 +65,33 @@ def protobuf_export(run_id: str, task_id: str, span_ids: list[str]) -> bytes:
         return KeyValue(key=key, value=AnyValue(**value))
 
     spans = [
-        Span(trace_id=bytes.fromhex(TRACE), span_id=bytes.fromhex(sid), name=f"call-{sid}",
-             kind=Span.SpanKind.SPAN_KIND_CLIENT, start_time_unix_nano=1700000000000000000,
-             end_time_unix_nano=1700000000500000000,
-             attributes=[kv("nulltickets.run_id", string_value=run_id),
-                         kv("tokens", int_value=42)])
+        Span(
+            trace_id=bytes.fromhex(TRACE),
+            span_id=bytes.fromhex(sid),
+            name=f"call-{sid}",
+            kind=Span.SpanKind.SPAN_KIND_CLIENT,
+            start_time_unix_nano=1700000000000000000,
+            end_time_unix_nano=1700000000500000000,
+            attributes=[kv("nulltickets.run_id", string_value=run_id), kv("tokens", int_value=42)],
+        )
         for sid in span_ids
-    ]  # fmt: skip
+    ]
     for span in spans:
         span.status.code = 1
         span.status.message = "fine"
-    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
-        resource={"attributes": [kv("service.name", string_value="agent"),
-                                 kv("nulltickets.task_id", string_value=task_id)]},
-        scope_spans=[ScopeSpans(scope={"name": "llm", "version": "1.0"}, spans=spans)])])  # fmt: skip
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource={
+                    "attributes": [
+                        kv("service.name", string_value="agent"),
+                        kv("nulltickets.task_id", string_value=task_id),
+                    ]
+                },
+                scope_spans=[ScopeSpans(scope={"name": "llm", "version": "1.0"}, spans=spans)],
+            )
+        ]
+    )
     return bytes(request.SerializeToString())
 
 
@@ -78,8 +113,11 @@ def test_json_and_protobuf_exports_of_the_same_spans_land_as_the_same_rows(
     ids = ["00f067aa0ba902b7", "00f067aa0ba902b8"]
     r = client.post("/v1/traces", json_export(run_a, task_a, ids))
     assert r.status == 200 and r.json["accepted_spans"] == 2 and r.json["stored"] == "json"
-    r = client.post("/otlp/v1/traces", body=protobuf_export(run_b, task_b, ids),
-                    headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+    r = client.post(
+        "/otlp/v1/traces",
+        body=protobuf_export(run_b, task_b, ids),
+        headers={"Content-Type": "application/x-protobuf"},
+    )
     assert r.status == 200 and r.json["accepted_spans"] == 2, r.body
     from_json, from_proto = spans_of(client, run_a), spans_of(client, run_b)
     assert len(from_json) == 2
@@ -114,23 +152,43 @@ def test_spans_page_without_losing_rows(client: Client) -> None:
 
 
 def test_undecodable_payloads_are_kept_raw_and_bad_json_is_refused(client: Client) -> None:
-    r = client.post("/v1/traces", body=b"\xff\x00garbage",
-                    headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+    r = client.post(
+        "/v1/traces", body=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"}
+    )
     assert r.status == 200 and r.json["stored"] == "blob" and r.json["accepted_spans"] == 0
     r = client.post("/v1/traces", body=b"anything", headers={"Content-Type": "text/plain"})
     assert r.status == 200 and r.json["stored"] == "blob"
-    for bad in (b"{nope", b'{"resourceSpans": 5}',
-                b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 1}]}]}]}'):  # fmt: skip
+    for bad in (
+        b"{nope",
+        b'{"resourceSpans": 5}',
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 1}]}]}]}',
+    ):
         r = client.post("/v1/traces", body=bad, headers={"Content-Type": "application/json"})
         assert r.status == 400 and r.error_code == "invalid_json"
 
 
 def test_spans_without_ids_are_skipped(client: Client) -> None:
     run_id = unique("run")
-    export = {"resourceSpans": [{"scopeSpans": [{"spans": [
-        {"spanId": "01", "name": "no trace"},
-        {"traceId": TRACE, "spanId": "02",
-         "attributes": [{"key": "nulltickets.run_id", "value": {"stringValue": run_id}}]}]}]}]}  # fmt: skip
+    export = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {"spanId": "01", "name": "no trace"},
+                            {
+                                "traceId": TRACE,
+                                "spanId": "02",
+                                "attributes": [
+                                    {"key": "nulltickets.run_id", "value": {"stringValue": run_id}}
+                                ],
+                            },
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
     r = client.post("/v1/traces", export)
     assert r.json["accepted_spans"] == 1
     [span] = spans_of(client, run_id)

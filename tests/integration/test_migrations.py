@@ -110,7 +110,7 @@ def test_store_writes_after_adoption_keep_the_index_consistent(tmp_path: Path) -
     migrated(ref)
     conn = apsw.Connection(str(ref))
     with conn:
-        conn.execute("UPDATE store SET value_json = '{\"text\":\"renewed\"}'")
+        conn.execute('UPDATE store SET value_json = \'{"text":"renewed"}\'')
         conn.execute("INSERT INTO store VALUES ('n2', 'k', '\"legacy again\"', 1, 1)")
     conn.execute("INSERT INTO store_fts(store_fts) VALUES ('integrity-check')")
     found = conn.execute("SELECT key FROM store_fts WHERE store_fts MATCH 'legacy'").fetchall()

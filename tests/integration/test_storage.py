@@ -60,8 +60,10 @@ def _params(sql: str) -> set[str]:
 def test_claim_walks_the_claim_index_instead_of_scanning_tasks(tmp_path: Path) -> None:
     conn = connection.connect_writer(str(tmp_path / "plan.db"))
     connection.migrate(conn)
-    plan = conn.execute("EXPLAIN QUERY PLAN " + Q["claim_candidate"],
-                        {p: None for p in _params(Q["claim_candidate"])}).fetchall()  # fmt: skip
+    plan = conn.execute(
+        "EXPLAIN QUERY PLAN " + Q["claim_candidate"],
+        {p: None for p in _params(Q["claim_candidate"])},
+    ).fetchall()
     details = " | ".join(row[3] for row in plan)
     assert "idx_tasks_claim" in details
     assert "SCAN t " not in details and "SCAN tasks" not in details
@@ -87,16 +89,19 @@ def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Databa
     done = threading.Event()
     db.writer.submit(block, lambda r, e: None)
     for i, job in enumerate([good(0), bad, good(1)]):
-        db.writer.submit(job, lambda r, e, i=i: (results.__setitem__(i, e or r),
-                                                 len(results) == 3 and done.set()))  # fmt: skip
+        db.writer.submit(
+            job,
+            lambda r, e, i=i: (results.__setitem__(i, e or r), len(results) == 3 and done.set()),
+        )
     batches_before = db.writer.batches
     gate.set()
     assert done.wait(5)
     assert isinstance(results[1], TaskNotFound)
     assert isinstance(results[0], str) and isinstance(results[2], str)
     assert db.writer.batches - batches_before <= 2  # the three queued jobs shared a commit
-    titles = db.read_sync(lambda b: [t.title for t in b.list_tasks(
-        stage=None, pipeline_id=pid, after=None, limit=10)])  # fmt: skip
+    titles = db.read_sync(
+        lambda b: [t.title for t in b.list_tasks(stage=None, pipeline_id=pid, after=None, limit=10)]
+    )
     assert sorted(titles) == ["g0", "g1"]
 
 

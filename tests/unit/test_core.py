@@ -17,9 +17,15 @@ NOW = 1_000_000
 
 
 def fail(**kw: object) -> core.RetryScheduled | core.DeadLettered:
-    args: dict[str, object] = dict(stage="todo", max_attempts=3, retry_delay_ms=500,
-                                   dead_letter_stage="dead", pipeline=P, failed_attempts=1,
-                                   now=NOW)  # fmt: skip
+    args: dict[str, object] = dict(
+        stage="todo",
+        max_attempts=3,
+        retry_delay_ms=500,
+        dead_letter_stage="dead",
+        pipeline=P,
+        failed_attempts=1,
+        now=NOW,
+    )
     args.update(kw)
     return core.decide_failure(**args)  # type: ignore[arg-type]
 
@@ -54,21 +60,45 @@ def test_retry_time_never_overflows_or_goes_negative() -> None:
 
 
 def test_transition_follows_the_definition() -> None:
-    t = core.decide_transition(pipeline=P, stage="todo", task_version=1, trigger="submit",
-                               expected_stage="todo", expected_task_version=1)  # fmt: skip
+    t = core.decide_transition(
+        pipeline=P,
+        stage="todo",
+        task_version=1,
+        trigger="submit",
+        expected_stage="todo",
+        expected_task_version=1,
+    )
     assert (t.to_stage, t.instructions) == ("review", "review it")
 
 
 def test_transition_checks_stage_then_version_then_trigger() -> None:
     with pytest.raises(ExpectedStageMismatch):
-        core.decide_transition(pipeline=P, stage="todo", task_version=1, trigger="x",
-                               expected_stage="review", expected_task_version=9)  # fmt: skip
+        core.decide_transition(
+            pipeline=P,
+            stage="todo",
+            task_version=1,
+            trigger="x",
+            expected_stage="review",
+            expected_task_version=9,
+        )
     with pytest.raises(TaskVersionMismatch):
-        core.decide_transition(pipeline=P, stage="todo", task_version=1, trigger="x",
-                               expected_stage=None, expected_task_version=9)  # fmt: skip
+        core.decide_transition(
+            pipeline=P,
+            stage="todo",
+            task_version=1,
+            trigger="x",
+            expected_stage=None,
+            expected_task_version=9,
+        )
     with pytest.raises(IllegalTransition):
-        core.decide_transition(pipeline=P, stage="todo", task_version=1, trigger="approve",
-                               expected_stage=None, expected_task_version=None)  # fmt: skip
+        core.decide_transition(
+            pipeline=P,
+            stage="todo",
+            task_version=1,
+            trigger="approve",
+            expected_stage=None,
+            expected_task_version=None,
+        )
 
 
 def test_lease_ttl_defaults_rejects_non_positive_and_clamps_to_a_day() -> None:

@@ -44,8 +44,12 @@ def test_first_matching_transition_wins() -> None:
         ({**definition(), "states": {"todo": {"terminal": "yes"}}}, "terminal"),  # V1
         ({**definition(), "transitions": [{"from": "todo", "to": "done"}]}, "trigger"),  # V1
         (
-            {**definition(), "transitions": [
-                {"from": "todo", "to": "done", "trigger": "t", "required_gates": [1]}]},
+            {
+                **definition(),
+                "transitions": [
+                    {"from": "todo", "to": "done", "trigger": "t", "required_gates": [1]}
+                ],
+            },
             "required_gates",
         ),  # V1
         (definition(initial=""), "initial must not be empty"),  # V2
@@ -61,17 +65,21 @@ def test_first_matching_transition_wins() -> None:
             "to 'y' is not a state",
         ),  # V6
         (
-            definition(states={"todo": {}, "done": {}},
-                       transitions=[{"from": "todo", "to": "done", "trigger": "t"}]),
+            definition(
+                states={"todo": {}, "done": {}},
+                transitions=[{"from": "todo", "to": "done", "trigger": "t"}],
+            ),
             "no state has terminal",
         ),  # V7
         (
-            definition(states={"todo": {}, "mid": {}, "done": {"terminal": True}},
-                       transitions=[{"from": "todo", "to": "done", "trigger": "t"}]),
+            definition(
+                states={"todo": {}, "mid": {}, "done": {"terminal": True}},
+                transitions=[{"from": "todo", "to": "done", "trigger": "t"}],
+            ),
             "'mid' has no outgoing",
         ),  # V8
     ],
-)  # fmt: skip
+)
 def test_invalid_definitions_name_the_first_rule_they_break(bad: Any, reason: str) -> None:
     with pytest.raises(InvalidPipeline, match=reason) as info:
         parse_definition(bad)

@@ -11,7 +11,7 @@ from nulltickets import errors as e
 
 log = logging.getLogger("nulltickets.http")
 
-STATUS: dict[type[BaseException], int] = {
+STATUS: dict[type[e.TrackerError], int] = {
     e.InvalidJson: 400,
     e.InvalidRequest: 400,
     e.InvalidLimit: 400,

@@ -92,7 +92,8 @@ class SqliteBackend:
 
     def _exec(self, name: str, params: dict[str, Any]) -> int:
         self.conn.execute(Q[name], params)
-        return self.conn.changes()  # type: ignore[no-any-return]
+        changes: int = self.conn.changes()
+        return changes
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -359,7 +360,7 @@ class SqliteBackend:
                 "limit": limit,
             },
         )
-        return [Artifact(*r[:8], Raw(r[8])) for r in rows]
+        return [Artifact(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], Raw(r[8])) for r in rows]
 
     # --- store ---------------------------------------------------------------------------------
 
@@ -413,7 +414,7 @@ class SqliteBackend:
             "stuck_before": stuck_before,
             "near_expiry_before": near_expiry_before,
         }
-        return [tuple(r) for r in self._all("role_stage_queue", params)]  # type: ignore[misc]
+        return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self._all("role_stage_queue", params)]
 
     # --- traces --------------------------------------------------------------------------------
 
@@ -442,7 +443,28 @@ class SqliteBackend:
 
     def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]:
         rows = self._all("list_run_spans", {"run_id": run_id, "after_id": after_id, "limit": limit})
-        return [Span(*r[:15], Raw(r[15]), Raw(r[16])) for r in rows]
+        return [
+            Span(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                r[11],
+                r[12],
+                r[13],
+                r[14],
+                Raw(r[15]),
+                Raw(r[16]),
+            )
+            for r in rows
+        ]
 
     # --- health --------------------------------------------------------------------------------
 
@@ -465,7 +487,3 @@ class SqliteBackend:
 
     def purge_idempotency(self, before: int) -> int:
         return self._exec("purge_idempotency", {"before": before})
-
-
-def dict(**kw: Any) -> dict[str, Any]:
-    return kw

@@ -126,4 +126,5 @@ def _adopt_reference_database(conn: apsw.Connection) -> None:
     ).fetchall()
     with conn:
         for (name,) in triggers:
-            conn.execute(f'DROP TRIGGER "{name.replace(chr(34), chr(34) * 2)}"')
+            quoted = str(name).replace('"', '""')
+            conn.execute(f'DROP TRIGGER "{quoted}"')
