@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="fsync every commit (full) or only at checkpoints (normal)",
     )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        help="seconds a client may take to send a request body (default 30)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
@@ -104,6 +110,7 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         token=args.token,
         max_body_bytes=args.max_body_bytes,
         durability=args.durability,
+        read_timeout_s=args.read_timeout,
         access_log=args.access_log,
     )
 
@@ -124,6 +131,8 @@ def is_loopback(host: str) -> bool:
 def check_settings(settings: Settings) -> None:
     if not 0 <= settings.port <= 65535:
         raise ConfigError(f"port must be 0..65535, got {settings.port}")
+    if not 0 < settings.body_timeout_s <= 3600:
+        raise ConfigError("--read-timeout must be between 0 and 3600 seconds")
     if settings.max_body_bytes < 1024:
         raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
     if not is_loopback(settings.host) and not settings.token:
@@ -169,7 +178,7 @@ def serve(settings: Settings) -> None:
         port=settings.port,
         interface=Interfaces.RSGI,
         workers=1,
-        loop=Loops.asyncio,
+        loop=Loops.auto,  # uvloop (winloop on Windows) when installed, else asyncio
         http=HTTPModes.http1,
         websockets=False,
         http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),

@@ -65,6 +65,7 @@ class Flags(msgspec.Struct, frozen=True):
     token: str | None = None
     max_body_bytes: int | None = None
     durability: str | None = None
+    read_timeout_s: float | None = None
     access_log: bool = False
 
 
@@ -229,6 +230,7 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
         token=token or None,
         max_body_bytes=_first(flags.max_body_bytes, file.max_body_bytes, base.max_body_bytes),
         durability=_first(flags.durability, file.durability, base.durability),
+        body_timeout_s=_first(flags.read_timeout_s, base.body_timeout_s),
         access_log=flags.access_log,
     )
 

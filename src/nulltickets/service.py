@@ -43,6 +43,7 @@ from nulltickets.domain.model import (
     Pipeline,
     QueueReport,
     RoleQueue,
+    Run,
     RunStatus,
     SearchHit,
     Span,
@@ -83,6 +84,7 @@ from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
 REAP_BATCH = 500
+_NEVER = 2**63 - 1
 
 _encode = msgspec.json.encode
 
@@ -114,6 +116,9 @@ class Tracker:
     def __init__(self) -> None:
         self._pipelines: dict[str, fsm.Pipeline | None] = {}
         self._lock = threading.Lock()
+        # A lower bound of every live lease's expiry (0: unknown). Only the writer touches it;
+        # the background janitor recomputes it, so a rolled-back batch cannot leave it wrong.
+        self._next_expiry = 0
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -274,6 +279,10 @@ class Tracker:
         """Expire every lease past its time: the run goes stale, a `lease_expired` event is
         written, and the expiry counts as a failed attempt under the task's retry policy."""
         expired = b.expired_leases(now, REAP_BATCH)
+        if len(expired) < REAP_BATCH:
+            # Nothing can expire before the earliest remaining expiry: claims may skip the
+            # janitor until then (claims and heartbeats only ever move that time later).
+            self._next_expiry = b.next_lease_expiry() or _NEVER
         for lease_id, run_id, task_id in expired:
             b.delete_lease(lease_id)
             b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now)
@@ -328,16 +337,17 @@ class Tracker:
 
     def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
         ttl = core.lease_ttl(cmd.lease_ttl_ms)
-        self.reap_expired(b, now)
-        full = self._full_stages(b, cmd)
+        if now >= self._next_expiry:  # some lease may have expired: reap before choosing
+            self.reap_expired(b, now)
+        full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
         task = b.claim_candidate(cmd.agent_role, cmd.agent_id, _json(full), now)
         if task is None:
             return None
         run_id, lease_id = new_id(), new_id()
-        attempt = b.next_attempt(task.id)
-        b.insert_run(run_id, task.id, attempt, cmd.agent_id, cmd.agent_role, now)
+        attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now)
         token, token_hash = new_lease_token()
         expires = now + ttl
+        self._next_expiry = min(self._next_expiry, expires)
         b.insert_lease(
             id=lease_id,
             run_id=run_id,
@@ -347,8 +357,8 @@ class Tracker:
             ttl_ms=ttl,
             now=now,
         )
-        run = b.get_run(run_id)
-        assert run is not None
+        run = Run(run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now,
+                  None)  # fmt: skip
         claimed = ClaimedTask(
             **msgspec.structs.asdict(task), available_transitions=self._available(b, task)
         )
@@ -413,36 +423,34 @@ class Tracker:
         return _page(rows, limit, lambda e: str(e.id))
 
     def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
-        run = b.get_run(lease.run_id)
-        if run is None:
-            raise RunNotFound()
-        if run.status != RunStatus.RUNNING:
+        if lease.run_status != RunStatus.RUNNING:
             raise RunNotRunning()
-        task = b.get_task(run.task_id)
-        pipeline = self._definition(b, task.pipeline_id) if task else None
-        if task is None or pipeline is None:
-            raise TrackerError("the run's task or pipeline cannot be read")
+        pipeline = self._definition(b, lease.pipeline_id)
+        if pipeline is None:
+            raise TrackerError("the task's pipeline cannot be read")
         move = core.decide_transition(
             pipeline=pipeline,
-            stage=task.stage,
-            task_version=task.task_version,
+            stage=lease.stage,
+            task_version=lease.task_version,
             trigger=cmd.trigger,
             expected_stage=cmd.expected_stage,
             expected_task_version=cmd.expected_task_version,
         )
-        b.end_run(run.id, RunStatus.COMPLETED, compact_json(cmd.usage, "{}") or "{}", None, now)
-        if not b.move_task(task.id, move.to_stage, task.task_version, now):
+        usage = compact_json(cmd.usage, "{}") or "{}"
+        if not b.end_run(lease.run_id, RunStatus.COMPLETED, usage, None, now):
+            raise RunNotRunning()
+        if not b.move_task(lease.task_id, move.to_stage, lease.task_version, now):
             raise TaskVersionMismatch()
         b.delete_lease(lease.id)
         instructions = cmd.instructions if cmd.instructions is not None else move.instructions
         data = {
             "trigger": cmd.trigger,
-            "from": task.stage,
+            "from": lease.stage,
             "to": move.to_stage,
             "instructions": instructions or "",
         }
-        b.insert_event(run.id, "transition", _json(data), now)
-        return TransitionResult(task.stage, move.to_stage, cmd.trigger)
+        b.insert_event(lease.run_id, "transition", _json(data), now)
+        return TransitionResult(lease.stage, move.to_stage, cmd.trigger)
 
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
         task = b.get_task(lease.task_id)

@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -482,3 +483,24 @@ def test_a_garbage_request_line_does_not_take_the_server_down(shared_server: Any
         assert c.get("/health").status == 200
     finally:
         c.close()
+
+
+def test_a_body_that_stops_arriving_gets_408_after_the_read_timeout(make_server: Any) -> None:
+    server = make_server(args=["--read-timeout", "1"])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /pipelines HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"name": '
+        )
+        started = time.monotonic()
+        status, headers, payload = read_response(sock)
+        waited = time.monotonic() - started
+    assert status == 408
+    assert json.loads(payload)["error"]["code"] == "request_timeout"
+    assert headers.get("connection", "").lower() == "close"
+    assert 0.5 <= waited < 5
+    client = server.client()
+    try:
+        assert client.get("/health").status == 200  # the server carries on
+    finally:
+        client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -73,11 +74,6 @@ def test_claim_walks_the_claim_index_instead_of_scanning_tasks(tmp_path: Path) -
 def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Database) -> None:
     tracker = Tracker()
     pid, _ = seed(db, tracker, 0)
-    gate = threading.Event()
-    results: dict[int, object] = {}
-
-    def block(b):  # type: ignore[no-untyped-def]
-        gate.wait(5)
 
     def good(i: int):  # type: ignore[no-untyped-def]
         return lambda b: tracker.create_task(b, CreateTask(pid, f"g{i}", ""), now_ms())
@@ -86,23 +82,38 @@ def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Databa
         tracker.create_task(b, CreateTask(pid, "half", ""), now_ms())  # written, then undone
         raise TaskNotFound()
 
-    done = threading.Event()
-    db.writer.submit(block, lambda r, e: None)
-    for i, job in enumerate([good(0), bad, good(1)]):
-        db.writer.submit(
-            job,
-            lambda r, e, i=i: (results.__setitem__(i, e or r), len(results) == 3 and done.set()),
+    async def together() -> list[object]:
+        # Submitted in one turn of the loop, so they share one transaction.
+        return await asyncio.gather(
+            db.write(good(0)), db.write(bad), db.write(good(1)), return_exceptions=True
         )
+
     batches_before = db.writer.batches
-    gate.set()
-    assert done.wait(5)
+    results = asyncio.run(together())
+    assert db.writer.batches - batches_before == 1
     assert isinstance(results[1], TaskNotFound)
     assert isinstance(results[0], str) and isinstance(results[2], str)
-    assert db.writer.batches - batches_before <= 2  # the three queued jobs shared a commit
     titles = db.read_sync(
         lambda b: [t.title for t in b.list_tasks(stage=None, pipeline_id=pid, after=None, limit=10)]
     )
     assert sorted(titles) == ["g0", "g1"]
+
+
+def test_a_batch_larger_than_the_limit_is_split_and_every_job_answered(db: Database) -> None:
+    tracker = Tracker()
+    pid, _ = seed(db, tracker, 0)
+    db.writer.max_batch = 10
+
+    async def many() -> list[str]:
+        return await asyncio.gather(
+            *(db.write(lambda b: tracker.create_task(b, CreateTask(pid, "t", ""), now_ms()))
+              for _ in range(35))
+        )  # fmt: skip
+
+    before = db.writer.batches
+    ids = asyncio.run(many())
+    assert len(set(ids)) == 35
+    assert db.writer.batches - before == 4
 
 
 def test_threads_claiming_at_once_each_get_a_different_task(db: Database) -> None:
@@ -134,7 +145,7 @@ def test_a_write_lock_held_by_another_process_becomes_storage_busy(tmp_path: Pat
     other = apsw.Connection(path)
     other.set_busy_timeout(0)
     other.execute("BEGIN IMMEDIATE")
-    database.writer._conn.set_busy_timeout(100)  # type: ignore[union-attr]
+    database.writer._conn.set_busy_timeout(100)  # type: ignore[union-attr]  # fail fast
     try:
         with pytest.raises(StorageBusy):
             database.write_sync(lambda b: b.purge_idempotency(0))

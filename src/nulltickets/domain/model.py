@@ -123,7 +123,7 @@ class StageCount(Struct):
 
 
 class LeaseRow(Struct):
-    """A lease as the lease checks need it (never sent to clients)."""
+    """A lease with what lease-protected writes need of its run and task (never sent)."""
 
     id: str
     run_id: str
@@ -131,6 +131,10 @@ class LeaseRow(Struct):
     token_hash: bytes
     expires_at_ms: int
     ttl_ms: int | None
+    run_status: str
+    stage: str
+    task_version: int
+    pipeline_id: str
 
 
 class ClaimResult(Struct):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from functools import partial
 from typing import Any
 
@@ -29,6 +30,10 @@ class App:
         self.router = Router(ROUTES)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
+        # Requests still reading their body, with their deadline. One sweep a second cancels
+        # the late ones: far cheaper than a timer per request.
+        self._reading: dict[asyncio.Task[Any], float] = {}
+        self._timed_out: dict[asyncio.Task[Any], bool] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -55,6 +60,7 @@ class App:
         last_purge = 0
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
+            self._cancel_late_readers()
             try:
                 now = now_ms()
                 await ctx.db.write(partial(ctx.tracker.reap_expired, now=now))
@@ -65,6 +71,13 @@ class App:
                 raise
             except Exception as exc:  # busy or full: try again next round
                 log.warning("maintenance failed: %s", exc)
+
+    def _cancel_late_readers(self) -> None:
+        now = time.monotonic()
+        for task, deadline in list(self._reading.items()):
+            if deadline <= now and not task.done():
+                self._timed_out[task] = True
+                task.cancel()
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -113,20 +126,27 @@ class App:
                     raise PayloadTooLarge(f"request body is larger than {limit} bytes")
             except ValueError:
                 pass
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading[task] = time.monotonic() + self.settings.body_timeout_s
         try:
-            async with asyncio.timeout(self.settings.body_timeout_s):
-                if declared is not None:
-                    body: bytes = await proto()
-                else:
-                    chunks, size = [], 0
-                    async for chunk in proto:
-                        size += len(chunk)
-                        if size > limit:
-                            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-                        chunks.append(chunk)
-                    body = b"".join(chunks)
-        except TimeoutError:
-            raise RequestTimeout() from None
+            if declared is not None:
+                body: bytes = await proto()
+            else:
+                chunks, size = [], 0
+                async for chunk in proto:
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
+        except asyncio.CancelledError:
+            if self._timed_out.pop(task, False):
+                task.uncancel()
+                raise RequestTimeout() from None
+            raise
+        finally:
+            self._reading.pop(task, None)
         if len(body) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
         return body

@@ -234,23 +234,11 @@ class SqliteBackend:
         row = self._one("claim_candidate", params)
         return None if row is None else _task(row)
 
-    def next_attempt(self, task_id: str) -> int:
-        return int(self._value("next_attempt", {"task_id": task_id}))
-
-    def insert_run(
-        self, id: str, task_id: str, attempt: int, agent_id: str, agent_role: str, now: int
-    ) -> None:
-        self._exec(
-            "insert_run",
-            {
-                "id": id,
-                "task_id": task_id,
-                "attempt": attempt,
-                "agent_id": agent_id,
-                "agent_role": agent_role,
-                "now": now,
-            },
-        )
+    def insert_run(self, id: str, task_id: str, agent_id: str, agent_role: str, now: int) -> int:
+        """Insert a running run; returns its attempt number."""
+        params = {"id": id, "task_id": task_id, "agent_id": agent_id,
+                  "agent_role": agent_role, "now": now}  # fmt: skip
+        return int(self._value("insert_run", params))
 
     def insert_lease(self, **params: Any) -> None:
         self._exec("insert_lease", params)

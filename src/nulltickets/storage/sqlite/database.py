@@ -1,17 +1,22 @@
-"""The database as the rest of the server sees it: one writer thread, a pool of readers.
+"""The database as the rest of the server sees it: one writer, a pool of readers.
 
 Every write runs on the writer's single connection. The writer takes whatever jobs are waiting,
 runs each inside its own SAVEPOINT of one `BEGIN IMMEDIATE` transaction, commits once, and only
 then hands each job its own result or error. So a failing job never fails its neighbours, and no
-caller hears "done" before its write is committed. Reads run on their own connections in a small
-thread pool (apsw releases the GIL inside SQLite), each job inside one read transaction.
+caller hears "done" before its write is committed.
+
+In the server the writer runs on the event loop's own thread: a job submitted while the loop is
+busy waits for the next flush, which the loop runs as soon as the requests in hand have been
+read. That is group commit without any thread hand-off on the hot path (measured: thread
+hand-offs cost more than the SQL). Callers without a loop (tools, tests) use `run_sync`, which
+runs a batch of one under the same lock. Reads run on their own connections in a small thread
+pool (apsw releases the GIL inside SQLite), each job inside one read transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,9 +32,7 @@ log = logging.getLogger("nulltickets.storage")
 
 T = TypeVar("T")
 Job = Callable[[SqliteBackend], Any]
-Done = Callable[[Any, BaseException | None], None]
-
-_STOP = object()
+Outcome = tuple[Any, BaseException | None]
 
 
 def storage_error(exc: BaseException) -> BaseException:
@@ -44,15 +47,17 @@ def storage_error(exc: BaseException) -> BaseException:
 
 
 class Writer:
-    """Owns the only read-write connection and the thread that uses it."""
+    """Owns the only read-write connection; commits the jobs waiting together."""
 
-    def __init__(self, path: str, durability: str, max_batch: int = 64) -> None:
+    def __init__(self, path: str, durability: str, max_batch: int = 128) -> None:
         self.path = path
         self.durability = durability
         self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._conn: apsw.Connection | None = None
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Job, asyncio.Future[Any]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._after_commit: list[Callable[[], None]] = []
         self.batches = 0
         self.jobs = 0
 
@@ -60,92 +65,104 @@ class Writer:
         self._conn = connection.connect_writer(self.path, self.durability)
         connection.migrate(self._conn)
         self._backend = SqliteBackend(self._conn)
-        self._thread = threading.Thread(target=self._run, name="nulltickets-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job, done: Done) -> None:
-        self._queue.put((job, done))
 
     def stop(self) -> None:
-        """Finish every job already queued, then close the connection (checkpointing the WAL)."""
-        if self._thread is None:
-            return
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
+        """Run every job still pending, then close the connection (checkpointing the WAL)."""
+        while self._pending:
+            self._flush()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        if self.batches:
+            log.info(
+                "writer committed %d jobs in %d transactions (%.1f per commit)",
+                self.jobs,
+                self.batches,
+                self.jobs / self.batches,
+            )
 
-    def _run(self) -> None:
-        assert self._conn is not None
-        stopping = False
-        while not stopping:
-            item = self._queue.get()
-            if item is _STOP:
-                break
-            batch = [item]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            self._execute(batch)
-        self._conn.close()
-        self._conn = None
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every commit (on the committing thread)."""
+        self._after_commit.append(callback)
 
-    def _execute(self, batch: list[tuple[Job, Done]]) -> None:
-        conn = self._conn
-        assert conn is not None
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except Exception as exc:
-            err = storage_error(exc)
-            for _job, done in batch:
-                done(None, err)
-            return
-        outcomes: list[tuple[Done, Any, BaseException | None]] = []
-        aborted: BaseException | None = None  # set when SQLite rolled the whole batch back
-        for job, done in batch:
-            if aborted is not None:
-                outcomes.append((done, None, aborted))
+    async def run(self, job: Callable[[SqliteBackend], T]) -> T:
+        """Run `job` in the next batch; return its result once that batch is committed."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append((job, future))
+        if len(self._pending) == 1:
+            self._loop = loop
+            loop.call_soon(self._flush)
+        return await future
+
+    def run_sync(self, job: Callable[[SqliteBackend], T]) -> T:
+        """Run `job` in a transaction of its own, from any thread."""
+        [(result, exc)] = self._execute([job])
+        if exc is not None:
+            raise exc
+        return result  # type: ignore[no-any-return]
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        if self._pending and self._loop is not None:
+            self._loop.call_soon(self._flush)
+        outcomes = self._execute([job for job, _ in batch])
+        for (_, future), (result, exc) in zip(batch, outcomes, strict=True):
+            if future.done():  # the request was cancelled (client went away); the write stands
                 continue
-            conn.execute("SAVEPOINT job")
-            try:
-                result = job(self._backend)
-            except BaseException as exc:
-                err = storage_error(exc)
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                else:  # e.g. SQLITE_FULL: the statement took the transaction with it
-                    aborted = err
-                outcomes.append((done, None, err))
+            if exc is not None:
+                future.set_exception(exc)
             else:
-                conn.execute("RELEASE job")
-                outcomes.append((done, result, None))
-        if aborted is None:
+                future.set_result(result)
+
+    def _execute(self, jobs: list[Job]) -> list[Outcome]:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                return [(None, StorageBusy("the database is closed"))] * len(jobs)
             try:
-                conn.execute("COMMIT")
+                conn.execute("BEGIN IMMEDIATE")
             except Exception as exc:
-                aborted = storage_error(exc)
-                log.warning("commit of a batch of %d failed: %s", len(batch), exc)
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-        if aborted is not None:
-            # Nothing of this batch is stored: successes become the storage error; requests that
-            # failed on their own keep their own error.
-            outcomes = [
-                (done, None, aborted if exc_ is None else exc_) for done, _r, exc_ in outcomes
-            ]
-        self.batches += 1
-        self.jobs += len(batch)
-        for done, result, exc_ in outcomes:
-            try:
-                done(result, exc_)
-            except Exception:  # a callback must never kill the writer
-                log.exception("writer callback failed")
+                return [(None, storage_error(exc))] * len(jobs)
+            outcomes: list[Outcome] = []
+            aborted: BaseException | None = None  # set when SQLite rolled the batch back
+            for job in jobs:
+                if aborted is not None:
+                    outcomes.append((None, aborted))
+                    continue
+                conn.execute("SAVEPOINT job")
+                try:
+                    result = job(self._backend)
+                except BaseException as exc:
+                    err = storage_error(exc)
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK TO job")
+                        conn.execute("RELEASE job")
+                    else:  # e.g. SQLITE_FULL: the statement took the transaction with it
+                        aborted = err
+                    outcomes.append((None, err))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((result, None))
+            if aborted is None:
+                try:
+                    conn.execute("COMMIT")
+                except Exception as exc:
+                    aborted = storage_error(exc)
+                    log.warning("commit of a batch of %d failed: %s", len(jobs), exc)
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            if aborted is not None:
+                # Nothing of this batch is stored: successes become the storage error;
+                # requests that failed on their own keep their own error.
+                outcomes = [(None, aborted if e is None else e) for _r, e in outcomes]
+            self.batches += 1
+            self.jobs += len(jobs)
+        if aborted is None:
+            for callback in self._after_commit:
+                callback()
+        return outcomes
 
 
 class Readers:
@@ -210,41 +227,14 @@ class Database:
         self.writer.stop()
 
     async def write(self, job: Callable[[SqliteBackend], T]) -> T:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-
-        def done(result: Any, exc: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, future, result, exc)
-
-        self.writer.submit(job, done)
-        return await future
+        return await self.writer.run(job)
 
     def write_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         """Run a write from a plain thread (tools, tests, benchmarks)."""
-        box: list[Any] = []
-        event = threading.Event()
-
-        def done(result: Any, exc: BaseException | None) -> None:
-            box.extend((result, exc))
-            event.set()
-
-        self.writer.submit(job, done)
-        event.wait()
-        if box[1] is not None:
-            raise box[1]
-        return box[0]  # type: ignore[no-any-return]
+        return self.writer.run_sync(job)
 
     async def read(self, job: Callable[[SqliteBackend], T]) -> T:
         return await self.readers.read(job)
 
     def read_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         return self.readers.run(job)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.done():  # the request was cancelled (client went away); the write stands
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)

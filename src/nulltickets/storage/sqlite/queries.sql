@@ -216,12 +216,20 @@ JOIN tasks AS t ON t.id = best.task_id
 ORDER BY t.priority DESC, t.created_at_ms ASC, best.pipeline_id, best.stage, t.rowid
 LIMIT 1;
 
--- next_attempt --
-SELECT coalesce(max(attempt), 0) + 1 FROM runs WHERE task_id = :task_id;
-
 -- insert_run --
+-- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
 INSERT INTO runs (id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json)
-VALUES (:id, :task_id, :attempt, 'running', :agent_id, :agent_role, :now, '{}');
+VALUES (
+    :id,
+    :task_id,
+    (SELECT coalesce(max(attempt), 0) + 1 FROM runs WHERE task_id = :task_id),
+    'running',
+    :agent_id,
+    :agent_role,
+    :now,
+    '{}'
+)
+RETURNING attempt;
 
 -- insert_lease --
 INSERT INTO leases (id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms)
@@ -233,15 +241,22 @@ FROM runs
 WHERE id = :id;
 
 -- lease_by_run --
-SELECT l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms
+-- A lease with what the lease-protected writes need of its run and task, in one lookup.
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
 WHERE l.run_id = :run_id;
 
 -- lease_by_id --
-SELECT l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id;
 
 -- extend_lease --
