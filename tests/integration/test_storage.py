@@ -99,6 +99,41 @@ def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Databa
     assert sorted(titles) == ["g0", "g1"]
 
 
+def test_only_a_job_that_wrote_before_failing_makes_its_neighbours_run_again(
+    db: Database,
+) -> None:
+    tracker = Tracker()
+    pid, _ = seed(db, tracker, 0)
+    calls: list[str] = []
+
+    def good(b):  # type: ignore[no-untyped-def]
+        calls.append("good")
+        return tracker.create_task(b, CreateTask(pid, "kept", ""), now_ms())
+
+    def fails_clean(b):  # type: ignore[no-untyped-def]
+        raise TaskNotFound()
+
+    def fails_dirty(b):  # type: ignore[no-untyped-def]
+        tracker.create_task(b, CreateTask(pid, "undone", ""), now_ms())
+        raise TaskNotFound()
+
+    async def batch(failing: object) -> list[object]:
+        return await asyncio.gather(
+            db.write(good),
+            db.write(failing),
+            return_exceptions=True,  # type: ignore[arg-type]
+        )
+
+    asyncio.run(batch(fails_clean))
+    assert calls == ["good"]
+    asyncio.run(batch(fails_dirty))
+    assert calls == ["good", "good", "good"]  # ran, rolled back with its neighbour, ran again
+    titles = db.read_sync(
+        lambda b: [t.title for t in b.list_tasks(stage=None, pipeline_id=pid, after=None, limit=10)]
+    )
+    assert sorted(titles) == ["kept", "kept"]
+
+
 def test_a_batch_larger_than_the_limit_is_split_and_every_job_answered(db: Database) -> None:
     tracker = Tracker()
     pid, _ = seed(db, tracker, 0)

@@ -1,9 +1,9 @@
 """The database as the rest of the server sees it: one writer, a pool of readers.
 
 Every write runs on the writer's single connection. The writer takes whatever jobs are waiting,
-runs each inside its own SAVEPOINT of one `BEGIN IMMEDIATE` transaction, commits once, and only
-then hands each job its own result or error. So a failing job never fails its neighbours, and no
-caller hears "done" before its write is committed.
+runs them in one `BEGIN IMMEDIATE` transaction, commits once, and only then hands each job its
+own result or error. A failing job never fails its neighbours and never leaves a partial write
+(see `_execute`), and no caller hears "done" before its write is committed.
 
 In the server the writer runs on the event loop's own thread: a job submitted while the loop is
 busy waits for the next flush, which the loop runs as soon as the requests in hand have been
@@ -117,52 +117,75 @@ class Writer:
                 future.set_result(result)
 
     def _execute(self, jobs: list[Job]) -> list[Outcome]:
+        """Run `jobs` in one transaction and return each one's outcome after COMMIT.
+
+        Savepoints would cost two statements a job, so the batch runs without them: a job that
+        fails before writing anything (most failures: a lease check, a missing row) simply
+        drops out. One that fails after writing (rare) makes the whole transaction roll back,
+        and the others run again in a fresh one, so no failed job leaves a partial write.
+        """
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        todo = list(range(len(jobs)))
         with self._lock:
-            conn = self._conn
-            if conn is None:
-                return [(None, StorageBusy("the database is closed"))] * len(jobs)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except Exception as exc:
-                return [(None, storage_error(exc))] * len(jobs)
-            outcomes: list[Outcome] = []
-            aborted: BaseException | None = None  # set when SQLite rolled the batch back
-            for job in jobs:
-                if aborted is not None:
-                    outcomes.append((None, aborted))
-                    continue
-                conn.execute("SAVEPOINT job")
-                try:
-                    result = job(self._backend)
-                except BaseException as exc:
-                    err = storage_error(exc)
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK TO job")
-                        conn.execute("RELEASE job")
-                    else:  # e.g. SQLITE_FULL: the statement took the transaction with it
-                        aborted = err
-                    outcomes.append((None, err))
-                else:
-                    conn.execute("RELEASE job")
-                    outcomes.append((result, None))
-            if aborted is None:
-                try:
-                    conn.execute("COMMIT")
-                except Exception as exc:
-                    aborted = storage_error(exc)
-                    log.warning("commit of a batch of %d failed: %s", len(jobs), exc)
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-            if aborted is not None:
-                # Nothing of this batch is stored: successes become the storage error;
-                # requests that failed on their own keep their own error.
-                outcomes = [(None, aborted if e is None else e) for _r, e in outcomes]
-            self.batches += 1
-            self.jobs += len(jobs)
-        if aborted is None:
+            while todo:
+                todo = self._attempt(jobs, todo, outcomes)
+        done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
+        if any(e is None for _r, e in done):
             for callback in self._after_commit:
                 callback()
-        return outcomes
+        return done
+
+    def _attempt(
+        self, jobs: list[Job], todo: list[int], outcomes: list[Outcome | None]
+    ) -> list[int]:
+        """One transaction over the jobs in `todo`; returns the jobs to run again."""
+        conn = self._conn
+        if conn is None:
+            for i in todo:
+                outcomes[i] = (None, StorageBusy("the database is closed"))
+            return []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            for i in todo:
+                outcomes[i] = (None, storage_error(exc))
+            return []
+        ran: list[tuple[int, Any]] = []
+        for n, i in enumerate(todo):
+            before = conn.total_changes()
+            try:
+                result = jobs[i](self._backend)
+            except BaseException as exc:
+                err = storage_error(exc)
+                outcomes[i] = (None, err)
+                if conn.total_changes() == before and conn.in_transaction:
+                    continue  # failed before writing: nothing to undo
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(err, StorageFull | StorageReadOnly | StorageBusy):
+                    # The database refuses writes: everyone in this batch gets that answer.
+                    for j in todo[n + 1 :]:
+                        outcomes[j] = (None, err)
+                    for j, _ in ran:
+                        outcomes[j] = (None, err)
+                    return []
+                return [j for j, _ in ran] + todo[n + 1 :]
+            ran.append((i, result))
+        try:
+            conn.execute("COMMIT")
+        except Exception as exc:
+            err = storage_error(exc)
+            log.warning("commit of a batch of %d failed: %s", len(ran), exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for i, _ in ran:
+                outcomes[i] = (None, err)
+            return []
+        for i, result in ran:
+            outcomes[i] = (result, None)
+        self.batches += 1
+        self.jobs += len(todo)
+        return []
 
 
 class Readers:
