@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck clean
+.PHONY: install run test lint typecheck clean bench bench-quick
 
 install: $(VENV)/.installed
 
@@ -24,11 +24,17 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 typecheck: install
 	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build/lib dist *.egg-info src/*.egg-info .pytest_cache
+
+bench: install
+	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md
+
+bench-quick: install
+	$(PY) -m benchmarks --quick --out bench-results.json

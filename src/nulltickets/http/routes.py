@@ -6,6 +6,7 @@ the lease routes (heartbeat and /runs/{id}/...) accept extra trailing segments.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,7 +51,7 @@ class Route:
     extra: bool = False  # not in the original's API (an addition of ours)
     tag: str = ""
 
-    @property
+    @functools.cached_property
     def parts(self) -> tuple[str, ...]:
         return tuple(p for p in self.pattern.split("/") if p)
 

@@ -1,0 +1,55 @@
+"""The storage core without HTTP: claim -> event -> transition cycles per second, in-process,
+for each core implementation that can be loaded here."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from benchmarks.harness import PIPELINE
+from nulltickets import core
+from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, CreateTask, MoveTask
+from nulltickets.service import Tracker, now_ms
+from nulltickets.storage.sqlite.backend import SqliteBackend
+from nulltickets.storage.sqlite.database import Database
+
+
+def _run(db_path: Path, cycles: int) -> float:
+    database = Database(str(db_path))
+    database.open()
+    tracker = Tracker()
+    definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
+
+    def setup(b: SqliteBackend) -> None:
+        pipeline = tracker.create_pipeline(b, CreatePipeline("core", definition), now_ms())
+        for _ in range(cycles):
+            tracker.create_task(b, CreateTask(pipeline, "t", ""), now_ms())
+
+    database.write_sync(setup)
+    claim, move = Claim("agent", "worker"), MoveTask("complete")
+    event = AppendEvent("progress", msgspec.Raw(b'{"step":1}'))
+
+    def cycle(b: SqliteBackend) -> None:
+        now = now_ms()
+        claimed = tracker.claim(b, claim, now)
+        assert claimed is not None
+        tracker.append_event(b, claimed.run.id, event, now)
+        lease = b.lease_by_run(claimed.run.id)
+        assert lease is not None
+        tracker.transition(b, lease, move, now)
+
+    started = time.perf_counter()
+    for _ in range(cycles):
+        database.write_sync(cycle)
+    elapsed = time.perf_counter() - started
+    database.close()
+    return cycles / elapsed
+
+
+def core_cycles(work: Path, cycles: int) -> dict[str, Any]:
+    """One transaction per cycle (the worst case for the commit path)."""
+    rates = {core.IMPLEMENTATION: round(_run(work / "core.db", cycles), 1)}
+    return {"cycles_per_s": rates, "ratio": None, "note": "one commit per cycle"}

@@ -1,0 +1,145 @@
+"""The load client: agents that loop claim -> event -> transition over keep-alive connections.
+
+Each client process runs its share of the agents on one asyncio loop with raw streams and
+pre-encoded requests, so that the client stays cheap next to the server it measures. Every
+process reports the tasks it completed, its latencies per endpoint and its own CPU time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+ENDPOINTS = ("claim", "event", "transition")
+
+
+@dataclass
+class AgentReport:
+    completed: list[str] = field(default_factory=list)
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {e: [] for e in ENDPOINTS})
+    errors: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def post(self, path: str, body: bytes, token: str | None = None) -> tuple[int, bytes]:
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"{auth}Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(raw[9:12])
+        length = 0
+        for line in raw.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        payload = await self.reader.readexactly(length) if length else b""
+        return status, payload
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Claimed(msgspec.Struct):
+    class _Task(msgspec.Struct):
+        id: str
+
+    class _Run(msgspec.Struct):
+        id: str
+
+    task: _Task
+    run: _Run
+    lease_token: str
+
+
+async def agent(port: int, name: str, role: str, trigger: str, report: AgentReport) -> None:
+    conn = await Conn.open(port)
+    claim_body = msgspec.json.encode({"agent_id": name, "agent_role": role})
+    event_body = b'{"kind":"progress","data":{"step":1}}'
+    move_body = msgspec.json.encode({"trigger": trigger})
+    decode = msgspec.json.Decoder(Claimed).decode
+    lat = report.latencies
+    clock = time.perf_counter
+    try:
+        while True:
+            t0 = clock()
+            status, body = await conn.post("/leases/claim", claim_body)
+            t1 = clock()
+            lat["claim"].append(t1 - t0)
+            if status == 204:
+                return
+            if status != 200:
+                report.errors[f"claim {status}"] = report.errors.get(f"claim {status}", 0) + 1
+                await asyncio.sleep(0.01)
+                continue
+            claimed = decode(body)
+            run, token = claimed.run.id, claimed.lease_token
+            status, _ = await conn.post(f"/runs/{run}/events", event_body, token)
+            t2 = clock()
+            lat["event"].append(t2 - t1)
+            if status != 201:
+                report.errors[f"event {status}"] = report.errors.get(f"event {status}", 0) + 1
+            status, _ = await conn.post(f"/runs/{run}/transition", move_body, token)
+            lat["transition"].append(clock() - t2)
+            if status == 200:
+                report.completed.append(claimed.task.id)
+            else:
+                key = f"transition {status}"
+                report.errors[key] = report.errors.get(key, 0) + 1
+    finally:
+        conn.close()
+
+
+def _process(port: int, names: list[str], role: str, trigger: str, start: float) -> AgentReport:
+    report = AgentReport()
+    cpu0 = time.process_time()
+
+    async def main() -> None:
+        # Start together so that every process measures the same stretch of time.
+        await asyncio.sleep(max(0.0, start - time.time()))
+        await asyncio.gather(*(agent(port, n, role, trigger, report) for n in names))
+
+    asyncio.run(main())
+    report.cpu_s = time.process_time() - cpu0
+    return report
+
+
+def run_agents(
+    port: int, agents: int, role: str, trigger: str, processes: int
+) -> tuple[AgentReport, float]:
+    """Run `agents` agents spread over `processes` client processes until the queue is empty.
+    Returns the merged report and the wall time."""
+    processes = max(1, min(processes, agents))
+    names = [f"agent-{i}" for i in range(agents)]
+    shares = [names[i::processes] for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 1.5  # spawn and import time, outside the measured stretch
+    with ctx.Pool(processes) as pool:
+        results = [pool.apply_async(_process, (port, s, role, trigger, start)) for s in shares]
+        reports = [r.get() for r in results]
+    wall = time.time() - start
+    merged = AgentReport()
+    for r in reports:
+        merged.completed += r.completed
+        for e in ENDPOINTS:
+            merged.latencies[e] += r.latencies[e]
+        for k, v in r.errors.items():
+            merged.errors[k] = merged.errors.get(k, 0) + v
+        merged.cpu_s += r.cpu_s
+    return merged, wall

@@ -1,0 +1,101 @@
+"""Databases with large backlogs, seeded in-process, and the latencies measured on them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from benchmarks.harness import PIPELINE, BenchServer
+from nulltickets.domain.commands import CreatePipeline
+from nulltickets.service import Tracker, now_ms
+from nulltickets.storage.sqlite.backend import SqliteBackend
+from nulltickets.storage.sqlite.database import Database
+
+
+def seed_database(db: Path, *, done: int, waiting: int) -> str:
+    """A pipeline todo -> done (role `worker`) with `done` finished and `waiting` ready tasks."""
+    database = Database(str(db))
+    database.open()
+    tracker = Tracker()
+    definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
+
+    def job(b: SqliteBackend) -> str:
+        now = now_ms()
+        pipeline = tracker.create_pipeline(b, CreatePipeline("bench", definition), now)
+        start = now - 86_400_000
+        rows = [(str(uuid.uuid4()), pipeline, "done", start + i) for i in range(done)]
+        rows += [(str(uuid.uuid4()), pipeline, "todo", start + done + i) for i in range(waiting)]
+        b.conn.executemany(
+            "INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms, "
+            "updated_at_ms) VALUES (?, ?, ?, 'seeded', '', ?, ?4)",
+            rows,
+        )
+        return pipeline
+
+    try:
+        return database.write_sync(job)
+    finally:
+        database.close()
+
+
+def _post(
+    conn: http.client.HTTPConnection, path: str, body: Any, token: str | None = None
+) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    conn.request("POST", path, body=json.dumps(body), headers=headers)
+    r = conn.getresponse()
+    payload = r.read()
+    return r.status, (json.loads(payload) if payload else None)
+
+
+def measure_claims(db: Path, claims: int) -> dict[str, float]:
+    """Claim latency of one agent doing claim -> transition `claims` times on `db`."""
+    latencies: list[float] = []
+    with BenchServer(db) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        for _ in range(claims):
+            t0 = time.perf_counter()
+            status, claimed = _post(
+                conn, "/leases/claim", {"agent_id": "b", "agent_role": "worker"}
+            )
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"claim answered {status}")
+            _post(
+                conn,
+                f"/runs/{claimed['run']['id']}/transition",
+                {"trigger": "complete"},
+                claimed["lease_token"],
+            )
+        conn.close()
+    latencies.sort()
+    return {
+        "claims": claims,
+        "claim_p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
+        "claim_p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 3),
+    }
+
+
+def measure_ops_queue(db: Path, calls: int) -> dict[str, float]:
+    latencies: list[float] = []
+    with BenchServer(db) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            conn.request("GET", "/ops/queue")
+            r = conn.getresponse()
+            r.read()
+            latencies.append(time.perf_counter() - t0)
+            if r.status != 200:
+                raise RuntimeError(f"/ops/queue answered {r.status}")
+        conn.close()
+    latencies.sort()
+    return {"calls": calls, "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3)}
