@@ -121,16 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         results["durability"] = {d: cycle(work, dur_agents, tasks, d) for d in ("full", "normal")}
 
         print("Backlog scaling", flush=True)
+        claims = 40 if quick else 300
+        ready = claims + 50  # enough ready tasks for every measured claim
         scenarios = {
-            f"{small}_total": dict(done=small - 50, waiting=50),
-            f"{big}_mostly_done": dict(done=big - 50, waiting=50),
+            f"{small}_total": dict(done=small - ready, waiting=ready),
+            f"{big}_mostly_done": dict(done=big - ready, waiting=ready),
             f"{big}_waiting": dict(done=0, waiting=big),
         }
         backlog: dict[str, Any] = {}
         for name, shape in scenarios.items():
             db = work / f"backlog-{name}.db"
             seed_database(db, **shape)
-            backlog[name] = measure_claims(db, claims=40 if quick else 300)
+            backlog[name] = measure_claims(db, claims=claims)
         base = backlog[f"{small}_total"]["claim_p50_ms"]
         backlog["ratio_mostly_done"] = round(
             backlog[f"{big}_mostly_done"]["claim_p50_ms"] / base, 2

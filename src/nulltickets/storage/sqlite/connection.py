@@ -57,13 +57,6 @@ def connect_writer(path: str, durability: str = "normal") -> apsw.Connection:
     return conn
 
 
-def connect_checkpointer(path: str) -> apsw.Connection:
-    conn = _open(path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_URI)
-    _base_pragmas(conn)
-    conn.wal_autocheckpoint(0)
-    return conn
-
-
 def connect_reader(path: str) -> apsw.Connection:
     conn = _open(path, apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
     _base_pragmas(conn)

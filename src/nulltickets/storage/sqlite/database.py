@@ -65,19 +65,11 @@ class Writer:
         self._conn = connection.connect_writer(self.path, self.durability)
         connection.migrate(self._conn)
         self._backend = SqliteBackend(self._conn)
-        self.checkpointer = Checkpointer(self.path)
-        # Copying the WAL back into the database (and, with `full`, its fsync) happens on the
-        # checkpointer's thread, not inside a commit that requests are waiting for.
-        self._conn.wal_autocheckpoint(0)
-        self._conn.set_wal_hook(self.checkpointer.wal_grew)
-        self.checkpointer.start()
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
         while self._pending:
             self._flush()
-        if self._conn is not None:
-            self.checkpointer.stop()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -194,54 +186,6 @@ class Writer:
         self.batches += 1
         self.jobs += len(todo)
         return []
-
-
-class Checkpointer:
-    """Checkpoints the WAL from its own connection and thread once it has grown enough."""
-
-    PAGES = 1000  # SQLite's own autocheckpoint threshold
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self.checkpoints = 0
-
-    def wal_grew(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
-        if pages >= self.PAGES:
-            self._wake.set()
-        return 0  # SQLITE_OK
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="nulltickets-checkpoint", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stopping = True
-            self._wake.set()
-            self._thread.join()
-            self._thread = None
-
-    def _run(self) -> None:
-        conn = connection.connect_checkpointer(self.path)
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopping:
-                    return
-                try:
-                    # PASSIVE: copy what no reader still needs, never wait for anyone.
-                    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                    self.checkpoints += 1
-                except apsw.Error as exc:  # busy or full: the next growth tries again
-                    log.warning("checkpoint failed: %s", exc)
-        finally:
-            conn.close()
 
 
 class Readers:
