@@ -26,6 +26,10 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	@if [ -x $(VENV)/bin/actionlint ]; then \
+		$(VENV)/bin/actionlint .github/workflows/*.yml && \
+		$(VENV)/bin/zizmor --offline --min-severity low .github/workflows; \
+	else echo "actionlint/zizmor have no wheel for this machine: workflows not linted"; fi
 
 typecheck: install
 	$(VENV)/bin/mypy

@@ -71,6 +71,22 @@ def test_claim_walks_the_claim_index_instead_of_scanning_tasks(tmp_path: Path) -
     conn.close()
 
 
+def test_queue_report_counts_start_from_live_state_not_from_all_tasks(tmp_path: Path) -> None:
+    conn = connection.connect_writer(str(tmp_path / "ops.db"))
+    connection.migrate(conn)
+    sql = Q["role_stage_queue"]
+    plan = conn.execute("EXPLAIN QUERY PLAN " + sql, dict.fromkeys(_params(sql))).fetchall()
+    details = [row[3] for row in plan]
+    conn.close()
+    # Every access to tasks is by primary key or by (pipeline_id, stage): never a whole
+    # pipeline (which holds all its finished tasks) and never a scan.
+    task_access = [d for d in details if d.startswith(("SEARCH t ", "SCAN t "))]
+    assert task_access
+    assert all("(pipeline_id=? AND stage=?)" in d or "(id=?)" in d for d in task_access)
+    assert any("idx_leases_expires" in d for d in details)
+    assert any("idx_runs_status" in d for d in details)
+
+
 def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Database) -> None:
     tracker = Tracker()
     pid, _ = seed(db, tracker, 0)

@@ -16,6 +16,7 @@ pool (apsw releases the GIL inside SQLite), each job inside one read transaction
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -72,6 +73,8 @@ class Writer:
             self._flush()
         with self._lock:
             if self._conn is not None:
+                with contextlib.suppress(apsw.Error):
+                    self._conn.execute("PRAGMA optimize")  # keep the planner's statistics fresh
                 self._conn.close()
                 self._conn = None
         if self.batches:

@@ -410,8 +410,8 @@ LIMIT :limit;
 
 -- role_stage_queue --
 -- One row per (pipeline, stage) that names a role, with the counts /ops/queue sums per role.
--- Each count starts from an index on live state (the claim index, running runs, lease expiry),
--- so finished tasks never enter the computation.
+-- Each count starts from an index on live state (the tasks of that stage, running runs, lease
+-- expiry; CROSS JOIN fixes that order), so finished tasks never enter the computation.
 SELECT
     s.agent_role,
     (
@@ -452,7 +452,7 @@ SELECT
     ) AS oldest_created_at_ms,
     (
         SELECT count(*)
-        FROM tasks AS t
+        FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
         JOIN runs AS r ON r.task_id = t.id
         WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
             AND r.status IN ('failed', 'stale')
@@ -460,15 +460,15 @@ SELECT
     (
         SELECT count(*)
         FROM runs AS r
-        JOIN tasks AS t ON t.id = r.task_id
+        CROSS JOIN tasks AS t ON t.id = r.task_id
         WHERE r.status = 'running' AND r.started_at_ms <= :stuck_before
             AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
     ) AS stuck_count,
     (
         SELECT count(*)
         FROM leases AS l
-        JOIN runs AS r ON r.id = l.run_id
-        JOIN tasks AS t ON t.id = r.task_id
+        CROSS JOIN runs AS r ON r.id = l.run_id
+        CROSS JOIN tasks AS t ON t.id = r.task_id
         WHERE l.expires_at_ms > :now AND l.expires_at_ms <= :near_expiry_before
             AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
     ) AS near_expiry_leases

@@ -43,6 +43,7 @@ CREATE INDEX idx_tasks_claim ON tasks(pipeline_id, stage, priority DESC, created
 CREATE INDEX idx_tasks_page ON tasks(created_at_ms, id);
 CREATE INDEX idx_tasks_stage_page ON tasks(stage, created_at_ms, id);
 CREATE INDEX idx_tasks_pipeline_page ON tasks(pipeline_id, created_at_ms, id);
+CREATE INDEX idx_tasks_pipeline_stage_page ON tasks(pipeline_id, stage, created_at_ms, id);
 CREATE INDEX idx_runs_task_status ON runs(task_id, status);
 CREATE INDEX idx_artifacts_task_page ON artifacts(task_id, created_at_ms, id);
 CREATE INDEX idx_artifacts_run_page ON artifacts(run_id, created_at_ms, id);
