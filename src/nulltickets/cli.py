@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "--durability",
         choices=DURABILITIES,
         default=None,
-        help="fsync every commit (full) or only at checkpoints (normal)",
+        help="full (default): fsync every commit; normal: fsync only at checkpoints",
     )
     p.add_argument(
         "--read-timeout",

@@ -42,7 +42,7 @@ def _base_pragmas(conn: apsw.Connection) -> None:
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
 
 
-def connect_writer(path: str, durability: str = "normal") -> apsw.Connection:
+def connect_writer(path: str, durability: str = "full") -> apsw.Connection:
     """The one read-write connection. `with conn:` opens BEGIN IMMEDIATE."""
     conn = _open(path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI)
     _base_pragmas(conn)

@@ -237,7 +237,7 @@ class Readers:
 class Database:
     """What the service layer uses: `await write(job)`, `await read(job)`."""
 
-    def __init__(self, path: str, *, durability: str = "normal", readers: int = 4) -> None:
+    def __init__(self, path: str, *, durability: str = "full", readers: int = 4) -> None:
         self.path = path
         self.writer = Writer(path, durability)
         self.readers = Readers(path, readers)
