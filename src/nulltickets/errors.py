@@ -174,6 +174,12 @@ class TaskVersionMismatch(TrackerError):
     code = "task_version_mismatch"
 
 
+class LeaseSuperseded(TrackerError):
+    """The task was claimed again since this lease's fence; this agent no longer holds it."""
+
+    code = "lease_superseded"
+
+
 class IdempotencyConflict(TrackerError):
     """Idempotency-Key was already used with a different request body."""
 

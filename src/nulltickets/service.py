@@ -6,6 +6,7 @@ writer's connection (one savepoint each), reads inside a reader's snapshot. Deci
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import uuid
@@ -28,12 +29,16 @@ from nulltickets.domain.commands import (
     Heartbeat,
     MoveTask,
     PutValue,
+    ReleaseRun,
+    WriteCheckpoint,
     compact_json,
 )
 from nulltickets.domain.model import (
+    AgentReleased,
     Artifact,
     Assignment,
     AvailableTransition,
+    CheckpointResult,
     ClaimedTask,
     ClaimResult,
     Dependency,
@@ -42,6 +47,7 @@ from nulltickets.domain.model import (
     LeaseRow,
     Pipeline,
     QueueReport,
+    Released,
     RoleQueue,
     Run,
     RunStatus,
@@ -50,6 +56,7 @@ from nulltickets.domain.model import (
     StoreEntry,
     Task,
     TaskAssignment,
+    TaskCheckpoint,
     TaskDetails,
     TraceIngest,
     TransitionResult,
@@ -62,10 +69,12 @@ from nulltickets.errors import (
     DuplicateName,
     IdempotencyConflict,
     InvalidDependency,
+    InvalidJson,
     InvalidPipeline,
     InvalidQuery,
     LeaseExpired,
     LeaseNotFound,
+    LeaseSuperseded,
     MissingParam,
     NotFound,
     PipelineNotFound,
@@ -119,6 +128,21 @@ class Tracker:
         # A lower bound of every live lease's expiry (0: unknown). Only the writer touches it;
         # the background janitor recomputes it, so a rolled-back batch cannot leave it wrong.
         self._next_expiry = 0
+        # (pipeline, stage, max_concurrency) of each role's capped stages, built on demand.
+        self._capped: dict[str, list[tuple[str, str, int]]] = {}
+        # Roles that may have claimable work now or at a time: (role, at_ms; 0 = now). Filled
+        # by writes when `signalling` is on, drained by the server after each commit to wake
+        # long-polling claims. A signal from a batch that rolled back only causes a recheck.
+        self.signalling = False
+        self.signals: list[tuple[str, int]] = []
+
+    def _signal(self, b: Backend, pipeline_id: str, stage: str, at: int = 0) -> None:
+        if not self.signalling:
+            return
+        pipeline = self._definition(b, pipeline_id)
+        state = pipeline.states.get(stage) if pipeline is not None else None
+        if state is not None and state.agent_role is not None:
+            self.signals.append((state.agent_role, at))
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -149,6 +173,7 @@ class Tracker:
         b.insert_pipeline(pipeline_id, cmd.name, definition_json, now)
         for state in pipeline.states.values():
             b.insert_pipeline_stage(pipeline_id, state.name, state.agent_role, state.terminal)
+        self._capped.clear()
         return pipeline_id
 
     def get_pipeline(self, b: Backend, pipeline_id: str) -> Pipeline:
@@ -168,6 +193,10 @@ class Tracker:
         pipeline = self._definition(b, cmd.pipeline_id)
         if pipeline is None:
             raise TrackerError("the pipeline's stored definition cannot be read")
+        if cmd.idempotency_key is not None:
+            existing = b.task_by_idempotency_key(cmd.pipeline_id, cmd.idempotency_key)
+            if existing is not None:
+                return existing  # the same plan again: the task is already there
         policy = cmd.retry_policy
         task_id = new_id()
         b.insert_task(
@@ -181,6 +210,8 @@ class Tracker:
             max_attempts=policy.max_attempts if policy else None,
             retry_delay_ms=(policy.retry_delay_ms or 0) if policy else 0,
             dead_letter_stage=policy.dead_letter_stage if policy else None,
+            idempotency_key=cmd.idempotency_key,
+            retry_delay_set=int(policy is not None and policy.retry_delay_ms is not None),
             now=now,
         )
         seen: set[str] = set()
@@ -194,6 +225,7 @@ class Tracker:
         if cmd.assigned_agent_id is not None:
             b.deactivate_assignments(task_id, now)
             b.upsert_assignment(task_id, cmd.assigned_agent_id, cmd.assigned_by, now)
+        self._signal(b, cmd.pipeline_id, pipeline.initial)
         return task_id
 
     def create_tasks(self, b: Backend, cmds: list[CreateTask], now: int) -> list[str]:
@@ -224,9 +256,25 @@ class Tracker:
             ],
             available_transitions=self._available(b, task),
         )
+        details.checkpoint, details.fence = self._resume(b, task_id)
+        details.previous_failures = b.previous_failures(task_id)
         if latest is not None:
             details.latest_run = latest
         return details
+
+    @staticmethod
+    def _resume(b: Backend, task_id: str) -> tuple[msgspec.Raw, int]:
+        row = b.task_resume(task_id)
+        if row is None:
+            return msgspec.Raw(b"null"), 0
+        checkpoint, fence = row
+        return msgspec.Raw(checkpoint if checkpoint is not None else "null"), fence
+
+    def get_checkpoint(self, b: Backend, task_id: str) -> TaskCheckpoint:
+        if not b.task_exists(task_id):
+            raise NotFound("task not found")
+        checkpoint, fence = self._resume(b, task_id)
+        return TaskCheckpoint(task_id, checkpoint, fence, b.previous_failures(task_id))
 
     def list_tasks(
         self,
@@ -261,14 +309,19 @@ class Tracker:
         return b.list_dependencies(task_id)
 
     def assign(self, b: Backend, task_id: str, cmd: Assign, now: int) -> None:
-        if not b.task_exists(task_id):
+        task = b.get_task(task_id)
+        if task is None:
             raise TaskNotFound()
         b.deactivate_assignments(task_id, now)
         b.upsert_assignment(task_id, cmd.agent_id, cmd.assigned_by, now)
+        self._signal(b, task.pipeline_id, task.stage)
 
     def unassign(self, b: Backend, task_id: str, agent_id: str, now: int) -> None:
         if not b.unassign(task_id, agent_id, now):
             raise NotFound("no active assignment for this task and agent")
+        task = b.get_task(task_id)
+        if task is not None:
+            self._signal(b, task.pipeline_id, task.stage)
 
     def list_assignments(self, b: Backend, task_id: str) -> list[Assignment]:
         return b.list_assignments(task_id)
@@ -299,15 +352,26 @@ class Tracker:
         return len(expired)
 
     def _after_failure(self, b: Backend, task: Task, run_id: str, failed: int, now: int) -> None:
+        pipeline = self._definition(b, task.pipeline_id)
+        policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
+        # The task's own retry delay wins; the stage's applies when the task set none.
+        base = task.retry_delay_ms
+        if policy.retry_delay_ms is not None and not (base or b.retry_delay_set(task.id)):
+            base = policy.retry_delay_ms
         outcome = core.decide_failure(
             stage=task.stage,
             max_attempts=task.max_attempts,
-            retry_delay_ms=task.retry_delay_ms,
+            retry_delay_ms=base,
             dead_letter_stage=task.dead_letter_stage,
-            pipeline=self._definition(b, task.pipeline_id),
+            pipeline=pipeline,
             failed_attempts=failed,
             now=now,
+            backoff=policy.retry_backoff,
+            max_delay_ms=policy.retry_max_delay_ms,
+            jitter=policy.retry_jitter,
+            rand=random.random(),
         )
+        self._signal(b, task.pipeline_id, task.stage)  # a lease ended: capacity is free
         if isinstance(outcome, core.DeadLettered):
             target = outcome.dead_letter_stage
             b.dead_letter_task(
@@ -327,6 +391,7 @@ class Tracker:
             b.insert_event(run_id, "dead_letter", _json(data), now)
         else:
             b.schedule_retry(task.id, outcome.next_eligible_at_ms, now)
+            self._signal(b, task.pipeline_id, task.stage, outcome.next_eligible_at_ms)
             data = {
                 "reason": "retry_scheduled",
                 "failed_attempts": failed,
@@ -336,15 +401,22 @@ class Tracker:
             b.insert_event(run_id, "retry_scheduled", _json(data), now)
 
     def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
-        ttl = core.lease_ttl(cmd.lease_ttl_ms)
+        core.lease_ttl(cmd.lease_ttl_ms)  # a bad TTL is refused before anything happens
         if now >= self._next_expiry:  # some lease may have expired: reap before choosing
             self.reap_expired(b, now)
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
-        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, _json(full), now)
+        capped = self._full_pairs(b, cmd.agent_role)
+        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, _json(full), now, _json(capped))
         if task is None:
             return None
+        pipeline = self._definition(b, task.pipeline_id)
+        policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
+        ttl = core.lease_ttl(
+            cmd.lease_ttl_ms, default=policy.lease_ttl_ms or core.DEFAULT_LEASE_TTL_MS
+        )
         run_id, lease_id = new_id(), new_id()
         attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now)
+        fence = b.bump_fence(task.id)
         token, token_hash = new_lease_token()
         expires = now + ttl
         self._next_expiry = min(self._next_expiry, expires)
@@ -355,14 +427,33 @@ class Tracker:
             token_hash=token_hash,
             expires_at_ms=expires,
             ttl_ms=ttl,
+            fence=fence,
             now=now,
         )
         run = Run(run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now,
                   None)  # fmt: skip
+        checkpoint, _ = self._resume(b, task.id)
         claimed = ClaimedTask(
-            **msgspec.structs.asdict(task), available_transitions=self._available(b, task)
+            **msgspec.structs.asdict(task),
+            available_transitions=self._available(b, task),
+            checkpoint=checkpoint,
+            fence=fence,
+            previous_failures=b.previous_failures(task.id) if attempt > 1 else [],
         )
-        return ClaimResult(claimed, run, lease_id, token, expires)
+        return ClaimResult(claimed, run, lease_id, token, expires, fence)
+
+    def _full_pairs(self, b: Backend, role: str) -> list[tuple[str, str]]:
+        """(pipeline, stage) of this role whose stage policy's max_concurrency is reached."""
+        capped = self._capped.get(role)
+        if capped is None:
+            capped = []
+            for pipeline_id, stage in b.role_stages(role):
+                pipeline = self._definition(b, pipeline_id)
+                cap = pipeline.policy(stage).max_concurrency if pipeline is not None else None
+                if cap is not None:
+                    capped.append((pipeline_id, stage, cap))
+            self._capped[role] = capped
+        return [(p, s) for p, s, cap in capped if b.leased_in_pipeline_stage(p, s) >= cap]
 
     def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
         """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
@@ -399,14 +490,38 @@ class Tracker:
             raise LeaseExpired()
         return lease
 
-    def check_run_lease(self, b: Backend, run_id: str, token_hash: bytes, now: int) -> LeaseRow:
-        return self._live_lease(b.lease_by_run(run_id), token_hash, now)
+    def check_run_lease(
+        self,
+        b: Backend,
+        run_id: str,
+        token_hash: bytes,
+        now: int,
+        expected_fence: int | None = None,
+    ) -> LeaseRow:
+        """The live lease of `run_id` held with `token_hash`. With `expected_fence`, a task
+        that has been claimed again since that fence is 409 lease_superseded, whether or not
+        the old lease still exists."""
+        lease = b.lease_by_run(run_id)
+        if expected_fence is not None:
+            current = lease.fence if lease is not None else b.task_fence_of_run(run_id)
+            if current is not None and current != expected_fence:
+                raise LeaseSuperseded(
+                    f"the task was claimed again: fence {current}, not {expected_fence}"
+                )
+        return self._live_lease(lease, token_hash, now)
 
     def heartbeat(
         self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
     ) -> int:
         lease = self._live_lease(b.lease_by_id(lease_id), token_hash, now)
-        ttl = core.lease_ttl(cmd.lease_ttl_ms, default=lease.ttl_ms or core.DEFAULT_LEASE_TTL_MS)
+        if cmd.expected_fence is not None and cmd.expected_fence != lease.fence:
+            raise LeaseSuperseded(
+                f"the task was claimed again: fence {lease.fence}, not {cmd.expected_fence}"
+            )
+        return self._extend(b, lease, cmd.lease_ttl_ms, now)
+
+    def _extend(self, b: Backend, lease: LeaseRow, requested_ttl: int | None, now: int) -> int:
+        ttl = core.lease_ttl(requested_ttl, default=lease.ttl_ms or core.DEFAULT_LEASE_TTL_MS)
         expires = now + ttl
         b.extend_lease(lease.id, expires, ttl, now)
         return expires
@@ -450,6 +565,12 @@ class Tracker:
             "instructions": instructions or "",
         }
         b.insert_event(lease.run_id, "transition", _json(data), now)
+        if self.signalling:
+            self._signal(b, lease.pipeline_id, lease.stage)  # capacity freed in the old stage
+            self._signal(b, lease.pipeline_id, move.to_stage)  # new work in the new one
+            if pipeline.is_terminal(move.to_stage):  # dependents may be unblocked
+                for pipeline_id, stage in b.dependent_stages(lease.task_id):
+                    self._signal(b, pipeline_id, stage)
         return TransitionResult(lease.stage, move.to_stage, cmd.trigger)
 
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
@@ -461,6 +582,39 @@ class Tracker:
         )
         b.delete_lease(lease.id)
         self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), now)
+
+    def checkpoint(
+        self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
+    ) -> CheckpointResult:
+        """Merge the patch into the task's checkpoint, extend the lease, record an event."""
+        patch = compact_json(cmd.checkpoint, None)
+        if patch is None or not patch.startswith("{"):
+            raise InvalidJson("checkpoint must be a JSON object (an RFC 7396 merge patch)")
+        merged = b.merge_checkpoint(lease.task_id, patch)
+        expires = self._extend(b, lease, None, now)
+        b.insert_event(lease.run_id, "checkpoint", patch, now)
+        return CheckpointResult(msgspec.Raw(merged), expires, lease.fence)
+
+    def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
+        """Put the task down on purpose: claimable again at once, not a failed attempt."""
+        if not b.end_run(lease.run_id, RunStatus.RELEASED, "{}", cmd.reason, now):
+            raise RunNotRunning()
+        b.delete_lease(lease.id)
+        data = {"reason": cmd.reason or "released", "agent_id": lease.agent_id}
+        b.insert_event(lease.run_id, "released", _json(data), now)
+        self._signal(b, lease.pipeline_id, lease.stage)
+        return Released("released", lease.run_id, lease.task_id)
+
+    def release_agent(
+        self, b: Backend, agent_id: str, reason: str | None, now: int
+    ) -> AgentReleased:
+        """Release every live lease `agent_id` holds (an agent stopping on purpose)."""
+        released = []
+        for run_id in b.leases_of_agent(agent_id):
+            lease = b.lease_by_run(run_id)
+            if lease is not None and lease.expires_at_ms > now:
+                released.append(self.release(b, lease, ReleaseRun(reason or "agent paused"), now))
+        return AgentReleased(agent_id, released)
 
     # --- artifacts -----------------------------------------------------------------------------
 
@@ -629,7 +783,9 @@ class Tracker:
             raw = body.encode()
             return Reply(status, revive(raw) if revive is not None else raw)
         reply = execute()
-        if 200 <= reply.status < 300:
+        # Only answers with a body are kept: a 204 (no claimable task, a PUT or DELETE done)
+        # has nothing to replay, and running it again is what a retry should do.
+        if reply.status in (200, 201):
             stored_body = redact(reply.body) if redact is not None else reply.body
             b.put_idempotency(
                 key=key,

@@ -118,7 +118,9 @@ def test_claim_returns_task_run_and_lease(client: Client) -> None:
     assert r.status == 200, r.body
     assert r.headers["content-type"] == "application/json"
     doc = r.json
-    assert set(doc) == {"task", "run", "lease_id", "lease_token", "expires_at_ms"}
+    # The original's keys, plus the fence of this claim (an addition of ours).
+    assert set(doc) == {"task", "run", "lease_id", "lease_token", "expires_at_ms", "fence"}
+    assert doc["fence"] == doc["task"]["fence"] == 1
     task, run = doc["task"], doc["run"]
     assert set(task) >= TASK_KEYS
     assert task["id"] == task_id

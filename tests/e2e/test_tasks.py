@@ -546,7 +546,12 @@ def test_details_of_a_task_that_never_ran_omit_latest_run(client: Client) -> Non
         "dependencies",
         "assignments",
         "available_transitions",
+        # Additions of ours, after the original's keys: what an agent needs to resume.
+        "checkpoint",
+        "fence",
+        "previous_failures",
     ]
+    assert (r.json["checkpoint"], r.json["fence"], r.json["previous_failures"]) == (None, 0, [])
 
 
 def test_details_list_available_transitions_of_the_current_stage(client: Client) -> None:

@@ -13,6 +13,7 @@ from nulltickets.core._reference import (
     decide_failure,
     decide_transition,
     lease_ttl,
+    retry_delay,
 )
 
 IMPLEMENTATION = "python"
@@ -27,4 +28,5 @@ __all__ = [
     "decide_failure",
     "decide_transition",
     "lease_ttl",
+    "retry_delay",
 ]

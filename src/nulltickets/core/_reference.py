@@ -43,6 +43,29 @@ class DeadLettered:
     reason: str = "max_attempts_exceeded"
 
 
+def retry_delay(
+    base_ms: int,
+    *,
+    backoff: float,
+    max_delay_ms: int | None,
+    jitter: float,
+    failed_attempts: int,
+    rand: float,
+) -> int:
+    """The delay before retry number `failed_attempts`: `base * backoff^(n-1)`, capped at
+    `max_delay_ms`, then moved by up to +/- `jitter` of itself (`rand` in [0, 1))."""
+    if backoff == 1.0 and jitter == 0.0:
+        delay = base_ms
+    else:
+        exponent = min(max(failed_attempts - 1, 0), 64)
+        grown = float(base_ms) * backoff**exponent
+        grown *= 1.0 + jitter * (2.0 * rand - 1.0)
+        delay = int(min(grown, float(_MAX_TIME)))
+    if max_delay_ms is not None:
+        delay = min(delay, max_delay_ms)
+    return delay
+
+
 def decide_failure(
     *,
     stage: str,
@@ -52,13 +75,17 @@ def decide_failure(
     pipeline: Pipeline | None,
     failed_attempts: int,
     now: int,
+    backoff: float = 1.0,
+    max_delay_ms: int | None = None,
+    jitter: float = 0.0,
+    rand: float = 0.5,
 ) -> RetryScheduled | DeadLettered:
     """Decide what a failed attempt does to its task.
 
     `failed_attempts` counts every failed attempt of the task so far, this one included.
     `max_attempts` is the number of failures allowed (None: retry forever; <= 0: the first
     failure dead-letters). The dead-letter stage is used only if it names a state of the
-    task's pipeline.
+    task's pipeline. The retry delay grows by `backoff` per failure (see `retry_delay`).
     """
     if max_attempts is not None and failed_attempts >= max_attempts:
         usable = (
@@ -69,8 +96,10 @@ def decide_failure(
             else None
         )
         return DeadLettered(failed_attempts, stage, usable)
-    at = max(0, min(now + retry_delay_ms, _MAX_TIME))
-    return RetryScheduled(failed_attempts, retry_delay_ms, at)
+    delay = retry_delay(retry_delay_ms, backoff=backoff, max_delay_ms=max_delay_ms,
+                        jitter=jitter, failed_attempts=failed_attempts, rand=rand)  # fmt: skip
+    at = max(0, min(now + delay, _MAX_TIME))
+    return RetryScheduled(failed_attempts, delay, at)
 
 
 def decide_transition(

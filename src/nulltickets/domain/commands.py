@@ -46,6 +46,8 @@ class CreateTask(Struct):
     pipeline_id: str
     title: str
     description: str
+    # Re-running a plan with the same key in the same pipeline returns the existing task.
+    idempotency_key: str | None = None
     priority: Int64 | None = None
     metadata: JsonValue = UNSET
     retry_policy: RetryPolicy | None = None
@@ -71,20 +73,31 @@ class Concurrency(Struct):
     per_state: JsonValue = UNSET
 
 
+MAX_WAIT_MS = 30_000
+
+
 class Claim(Struct):
     agent_id: str
     agent_role: str
     lease_ttl_ms: Int64 | None = None
     concurrency: Concurrency | None = None
+    # Long poll: when nothing is claimable, wait up to this long for work (capped at 30 s).
+    wait_ms: Int64 | None = None
+
+
+# Every lease-protected write takes an optional `expected_fence`: the fence of the claim the
+# agent believes it holds. If the task was claimed again since, the write gets 409.
 
 
 class Heartbeat(Struct):
     lease_ttl_ms: Int64 | None = None
+    expected_fence: Int64 | None = None
 
 
 class AppendEvent(Struct):
     kind: str
     data: JsonValue = UNSET
+    expected_fence: Int64 | None = None
 
 
 class MoveTask(Struct):
@@ -93,11 +106,26 @@ class MoveTask(Struct):
     usage: JsonValue = UNSET
     expected_stage: str | None = None
     expected_task_version: Int64 | None = None
+    expected_fence: Int64 | None = None
 
 
 class FailRun(Struct):
     error: str
     usage: JsonValue = UNSET
+    expected_fence: Int64 | None = None
+
+
+class WriteCheckpoint(Struct):
+    """`checkpoint` is an RFC 7396 merge patch (a JSON object) applied to the task's
+    checkpoint: keys set to null are removed, objects merge, everything else replaces."""
+
+    checkpoint: Raw
+    expected_fence: Int64 | None = None
+
+
+class ReleaseRun(Struct):
+    reason: str | None = None
+    expected_fence: Int64 | None = None
 
 
 class CreateArtifact(Struct):
@@ -112,3 +140,10 @@ class CreateArtifact(Struct):
 
 class PutValue(Struct):
     value: Raw
+
+
+class ReleaseAgent(Struct):
+    """Release everything `agent_id` holds (an agent stopping on purpose)."""
+
+    agent_id: str
+    reason: str | None = None

@@ -13,10 +13,27 @@ from nulltickets.errors import InvalidPipeline
 
 
 @dataclass(frozen=True, slots=True)
+class StagePolicy:
+    """Optional per-stage settings of a definition (keys of a state object). A task's own
+    retry policy and a claim's own lease TTL win over them."""
+
+    lease_ttl_ms: int | None = None
+    retry_delay_ms: int | None = None
+    retry_backoff: float = 1.0  # each failure multiplies the delay by this
+    retry_max_delay_ms: int | None = None
+    retry_jitter: float = 0.0  # +/- this fraction of the delay, at random
+    max_concurrency: int | None = None  # leased tasks of this pipeline in this stage at once
+
+
+NO_POLICY = StagePolicy()
+
+
+@dataclass(frozen=True, slots=True)
 class State:
     name: str
     agent_role: str | None = None
     terminal: bool = False
+    policy: StagePolicy = NO_POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +71,10 @@ class Pipeline:
                 return t
         return None
 
+    def policy(self, stage: str) -> StagePolicy:
+        state = self.states.get(stage)
+        return state.policy if state is not None else NO_POLICY
+
     def is_terminal(self, stage: str) -> bool:
         state = self.states.get(stage)
         return state is not None and state.terminal
@@ -72,6 +93,41 @@ def _optional(obj: dict[str, Any], key: str, kind: type, path: str) -> Any:
     if kind is bool and not isinstance(value, bool):
         raise _fail(f"{path}.{key} must be a boolean")
     return value
+
+
+def _number(
+    obj: dict[str, Any],
+    key: str,
+    path: str,
+    *,
+    low: float,
+    high: float | None = None,
+    integer: bool = True,
+) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok_type:
+        raise _fail(f"{path}.{key} must be {kind}")
+    if value < low or (high is not None and value > high) or value != value:
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise _fail(f"{path}.{key} must be {bounds}")
+    return value
+
+
+def _policy(raw: dict[str, Any], path: str) -> StagePolicy:
+    day = 86_400_000
+    policy = StagePolicy(
+        lease_ttl_ms=_number(raw, "lease_ttl_ms", path, low=1, high=day),
+        retry_delay_ms=_number(raw, "retry_delay_ms", path, low=0, high=365 * day),
+        retry_backoff=_number(raw, "retry_backoff", path, low=1, high=100, integer=False) or 1.0,
+        retry_max_delay_ms=_number(raw, "retry_max_delay_ms", path, low=0, high=365 * day),
+        retry_jitter=_number(raw, "retry_jitter", path, low=0, high=1, integer=False) or 0.0,
+        max_concurrency=_number(raw, "max_concurrency", path, low=1, high=1_000_000),
+    )
+    return NO_POLICY if policy == NO_POLICY else policy
 
 
 def _required_str(obj: dict[str, Any], key: str, path: str) -> str:
@@ -104,6 +160,7 @@ def _shape(definition: Any) -> Pipeline:
             name=name,
             agent_role=_optional(raw, "agent_role", str, path),
             terminal=_optional(raw, "terminal", bool, path) is True,
+            policy=_policy(raw, path),
         )
 
     transitions: list[Transition] = []

@@ -14,10 +14,12 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 
 
 class RunStatus(StrEnum):
-    RUNNING = "running"  # left by transition (completed), fail (failed) or lease expiry (stale)
+    RUNNING = "running"  # left by transition (completed), fail (failed), lease expiry (stale)
+    #                      or a deliberate release (released)
     COMPLETED = "completed"  # final
     FAILED = "failed"  # final; counts as a failed attempt
     STALE = "stale"  # final; its lease expired, which also counts as a failed attempt
+    RELEASED = "released"  # final; put down on purpose, not a failed attempt
 
 
 class Pipeline(Struct):
@@ -86,15 +88,34 @@ class AvailableTransition(Struct):
     required_gates: list[str]
 
 
+class Failure(Struct):
+    """An earlier attempt that failed: `stale` when its lease expired (the agent vanished)."""
+
+    attempt: int
+    run_id: str
+    status: str
+    error: str | None
+    ended_at_ms: int | None
+
+
 class TaskDetails(Task):
     latest_run: Run | UnsetType = UNSET
     dependencies: list[Dependency] = msgspec.field(default_factory=list)
     assignments: list[TaskAssignment] = msgspec.field(default_factory=list)
     available_transitions: list[AvailableTransition] = msgspec.field(default_factory=list)
+    checkpoint: Raw = msgspec.field(default_factory=lambda: Raw(b"null"))
+    fence: int = 0
+    previous_failures: list[Failure] = msgspec.field(default_factory=list)
 
 
 class ClaimedTask(Task):
+    """The claimed task, with what the agent needs to resume: the checkpoint the previous
+    attempts left (null if none), their failures, and the fence of this claim."""
+
     available_transitions: list[AvailableTransition] = msgspec.field(default_factory=list)
+    checkpoint: Raw = msgspec.field(default_factory=lambda: Raw(b"null"))
+    fence: int = 0
+    previous_failures: list[Failure] = msgspec.field(default_factory=list)
 
 
 class Event(Struct):
@@ -135,6 +156,8 @@ class LeaseRow(Struct):
     stage: str
     task_version: int
     pipeline_id: str
+    fence: int
+    agent_id: str
 
 
 class ClaimResult(Struct):
@@ -143,6 +166,31 @@ class ClaimResult(Struct):
     lease_id: str
     lease_token: str
     expires_at_ms: int
+    fence: int = 0
+
+
+class CheckpointResult(Struct):
+    checkpoint: Raw
+    expires_at_ms: int
+    fence: int
+
+
+class TaskCheckpoint(Struct):
+    task_id: str
+    checkpoint: Raw
+    fence: int
+    previous_failures: list[Failure]
+
+
+class Released(Struct):
+    status: str
+    run_id: str
+    task_id: str
+
+
+class AgentReleased(Struct):
+    agent_id: str
+    released: list[Released]
 
 
 class TransitionResult(Struct):

@@ -40,7 +40,10 @@ class App:
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         db = Database(self.settings.db, durability=self.settings.durability)
         db.open()
-        self.ctx = Context(db, Tracker(), self.settings.token)
+        tracker = Tracker()
+        tracker.signalling = True
+        self.ctx = Context(db, tracker, self.settings.token)
+        db.writer.on_commit(self._deliver_signals)
         self._upkeep = loop.create_task(self._maintain())
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -49,6 +52,7 @@ class App:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 loop.run_until_complete(self._upkeep)
         if self.ctx is not None:
+            self.ctx.wakeups.close()
             self.ctx.db.close()
             self.ctx = None
 
@@ -71,6 +75,20 @@ class App:
                 raise
             except Exception as exc:  # busy or full: try again next round
                 log.warning("maintenance failed: %s", exc)
+
+    def _deliver_signals(self) -> None:
+        """After a commit: wake the long-polling claims whose role may have work now, and set
+        timers for the work that becomes eligible later (retry delays)."""
+        ctx = self.ctx
+        if ctx is None or not ctx.tracker.signals:
+            return
+        signals, ctx.tracker.signals = ctx.tracker.signals, []
+        now = now_ms()
+        for role, at in signals:
+            if at <= now:
+                ctx.wakeups.wake(role)
+            else:
+                ctx.wakeups.wake_at(role, at, now)
 
     def _cancel_late_readers(self) -> None:
         now = time.monotonic()
@@ -102,6 +120,7 @@ class App:
         path: str = scope.path
         segments = [s for s in path.split("/") if s]
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
+        req.proto = proto
         if ctx.admin_token is not None:
             kind = gate(segments)
             if kind is Auth.ADMIN:

@@ -36,6 +36,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.ExpectedStageMismatch: 409,
     e.TaskVersionMismatch: 409,
     e.IdempotencyConflict: 409,
+    e.LeaseSuperseded: 409,
     e.LeaseExpired: 410,
     e.PayloadTooLarge: 413,
     e.StorageBusy: 503,

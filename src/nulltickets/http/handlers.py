@@ -6,8 +6,9 @@ an `Idempotency-Key`, records or replays the response in the same transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +19,7 @@ from nulltickets.domain.model import ClaimResult
 from nulltickets.domain.tokens import lease_token_hash, same_token
 from nulltickets.errors import InvalidJson, InvalidRequest, ReservedNamespace, Unauthorized
 from nulltickets.http.request import Request
+from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
 from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
 from nulltickets.storage.sqlite.database import Database
@@ -91,6 +93,7 @@ class Context:
     db: Database
     tracker: Tracker
     admin_token: str | None
+    wakeups: Wakeups = field(default_factory=Wakeups)
 
     async def read(self, job: Callable[[Backend], T]) -> T:
         return await self.db.read(job)
@@ -251,6 +254,7 @@ _REDACTED_TOKEN = ""
 
 async def claim(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.Claim, req.body)
+    wait_ms = max(0, min(command.wait_ms or 0, cmd.MAX_WAIT_MS))
 
     def execute(b: Backend, now: int) -> Reply:
         result = ctx.tracker.claim(b, command, now)
@@ -267,11 +271,34 @@ async def claim(ctx: Context, req: Request) -> Reply:
         result.lease_token = ctx.tracker.rotate_claim_token(b, result.lease_id)
         return encode(result)
 
-    return await ctx.write(req, execute, redact=redact, revive=revive)
+    if not wait_ms:
+        return await ctx.write(req, execute, redact=redact, revive=revive)
+    # Long poll: try, and while nothing is claimable wait for a wake-up of this role.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_ms / 1000
+    role = command.agent_role
+    while True:
+        generation = ctx.wakeups.generation(role)
+        reply = await ctx.write(req, execute, redact=redact, revive=revive)
+        remaining = deadline - loop.time()
+        if reply.status != 204 or remaining <= 0:
+            return reply
+        connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
+        if not connected:  # nobody would receive a lease claimed now
+            return reply
 
 
 def _lease_hash(req: Request) -> bytes:
     return lease_token_hash(req.require_bearer())
+
+
+def _fence(command: Callable[[], Any]) -> int | None:
+    """The expected_fence of a body decoded later (None if absent or the body is bad)."""
+    try:
+        fence: int | None = command().expected_fence
+    except InvalidJson:
+        return None
+    return fence
 
 
 async def heartbeat(ctx: Context, req: Request) -> Reply:
@@ -293,7 +320,7 @@ async def append_event(ctx: Context, req: Request) -> Reply:
     command = decode_later(cmd.AppendEvent, req.body)
 
     def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
         return ok(201, EventIdBody(ctx.tracker.append_event(b, run_id, command(), now)))
 
     return await ctx.write(req, execute, auth_hash=token_hash)
@@ -320,7 +347,7 @@ async def transition(ctx: Context, req: Request) -> Reply:
     command = decode_later(cmd.MoveTask, req.body)
 
     def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
         return ok(200, ctx.tracker.transition(b, lease, command(), now))
 
     return await ctx.write(req, execute, auth_hash=token_hash)
@@ -332,11 +359,49 @@ async def fail(ctx: Context, req: Request) -> Reply:
     command = decode_later(cmd.FailRun, req.body)
 
     def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
         ctx.tracker.fail(b, lease, command(), now)
         return ok(200, StatusBody("failed"))
 
     return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def write_checkpoint(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.WriteCheckpoint, req.body)
+
+    def execute(b: Backend, now: int) -> Reply:
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
+        return ok(200, ctx.tracker.checkpoint(b, lease, command(), now))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def release(ctx: Context, req: Request) -> Reply:
+    run_id = req.params["id"]
+    token_hash = _lease_hash(req)
+    # The body is optional: a reason and an expected_fence.
+    command = decode_later(cmd.ReleaseRun, req.body) if req.body.strip() else cmd.ReleaseRun
+
+    def execute(b: Backend, now: int) -> Reply:
+        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
+        return ok(200, ctx.tracker.release(b, lease, command(), now))
+
+    return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def release_agent(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.ReleaseAgent, req.body)
+    return await ctx.write(
+        req,
+        lambda b, now: ok(200, ctx.tracker.release_agent(b, command.agent_id, command.reason, now)),
+    )
+
+
+async def get_checkpoint(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    return ok(200, await ctx.read(lambda b: ctx.tracker.get_checkpoint(b, task_id)))
 
 
 # --- artifacts ---------------------------------------------------------------------------------

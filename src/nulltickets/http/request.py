@@ -33,7 +33,12 @@ class Request:
     headers: Any  # granian's RSGIHeaders (case-insensitive .get)
     body: bytes = b""
     params: dict[str, str] = field(default_factory=dict)
+    proto: Any = None
     _query: dict[str, str] | None = None
+
+    def disconnected(self) -> Any:
+        """An awaitable that completes when the client goes away (None outside a server)."""
+        return self.proto.client_disconnect() if self.proto is not None else None
 
     @property
     def query(self) -> dict[str, str]:

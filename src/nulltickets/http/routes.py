@@ -77,7 +77,7 @@ PAGE = (
     Query("limit", "Page size, 1..1000.", "integer"),
     Query("cursor", "The next_cursor of the previous page."),
 )
-LEASE_ERRORS = (e.Unauthorized, e.NotFound, e.LeaseExpired)
+LEASE_ERRORS = (e.Unauthorized, e.NotFound, e.LeaseExpired, e.LeaseSuperseded)
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -318,6 +318,53 @@ ROUTES: tuple[Route, ...] = (
         tag="runs",
     ),
     Route(
+        "PUT",
+        "/runs/{id}/checkpoint",
+        h.write_checkpoint,
+        "Merge a JSON object into the task's checkpoint (RFC 7396) and extend the lease.",
+        Auth.LEASE,
+        request=cmd.WriteCheckpoint,
+        response=model.CheckpointResult,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        extra=True,
+        tag="runs",
+    ),
+    Route(
+        "POST",
+        "/runs/{id}/release",
+        h.release,
+        "Put the task down on purpose: claimable again at once, not a failed attempt.",
+        Auth.LEASE,
+        request=cmd.ReleaseRun,
+        response=model.Released,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        extra=True,
+        tag="runs",
+    ),
+    Route(
+        "POST",
+        "/agents/release",
+        h.release_agent,
+        "Release every task an agent holds (a stop hook for coding agents).",
+        request=cmd.ReleaseAgent,
+        response=model.AgentReleased,
+        errors=(e.InvalidJson,),
+        extra=True,
+        tag="leases",
+    ),
+    Route(
+        "GET",
+        "/tasks/{id}/checkpoint",
+        h.get_checkpoint,
+        "The task's checkpoint, fence and earlier failures.",
+        response=model.TaskCheckpoint,
+        errors=(e.NotFound,),
+        extra=True,
+        tag="tasks",
+    ),
+    Route(
         "POST",
         "/artifacts",
         h.create_artifact,
@@ -477,7 +524,10 @@ def gate(segments: list[str]) -> Auth:
         return Auth.NONE
     if n >= 3 and (
         (segments[0] == "leases" and segments[2] == "heartbeat")
-        or (segments[0] == "runs" and segments[2] in ("events", "transition", "fail"))
+        or (
+            segments[0] == "runs"
+            and segments[2] in ("events", "transition", "fail", "checkpoint", "release")
+        )
     ):
         return Auth.LEASE
     return Auth.ADMIN

@@ -16,6 +16,7 @@ from nulltickets.domain.model import (
     Assignment,
     Dependency,
     Event,
+    Failure,
     LeaseRow,
     Pipeline,
     Run,
@@ -174,6 +175,47 @@ class SqliteBackend:
         row = self._one("latest_run", {"task_id": task_id})
         return None if row is None else _run(row)
 
+    def task_by_idempotency_key(self, pipeline_id: str, key: str) -> str | None:
+        value: str | None = self._value(
+            "task_by_idempotency_key", {"pipeline_id": pipeline_id, "idempotency_key": key}
+        )
+        return value
+
+    def task_resume(self, id: str) -> tuple[str | None, int] | None:
+        """(checkpoint JSON or None, fence) of a task."""
+        row = self._one("task_resume", {"id": id})
+        return None if row is None else (row[0], row[1])
+
+    def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]:
+        rows = self._all("previous_failures", {"task_id": task_id, "limit": limit})
+        return [Failure(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def retry_delay_set(self, id: str) -> bool:
+        return bool(self._value("retry_delay_set", {"id": id}))
+
+    def bump_fence(self, id: str) -> int:
+        return int(self._value("bump_fence", {"id": id}))
+
+    def task_fence_of_run(self, run_id: str) -> int | None:
+        value: int | None = self._value("task_fence_of_run", {"run_id": run_id})
+        return value
+
+    def merge_checkpoint(self, id: str, patch_json: str) -> str:
+        return str(self._value("merge_checkpoint", {"id": id, "patch": patch_json}))
+
+    def leases_of_agent(self, agent_id: str) -> list[str]:
+        return [r[0] for r in self._all("leases_of_agent", {"agent_id": agent_id})]
+
+    def dependent_stages(self, id: str) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._all("dependent_stages", {"id": id})]
+
+    def leased_in_pipeline_stage(self, pipeline_id: str, stage: str) -> int:
+        params = {"pipeline_id": pipeline_id, "stage": stage}
+        return int(self._value("leased_in_pipeline_stage", params))
+
+    def role_stages(self, agent_role: str) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._all("role_stages", {"agent_role": agent_role})]
+
     # --- dependencies and assignments ----------------------------------------------------------
 
     def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
@@ -223,12 +265,18 @@ class SqliteBackend:
         return int(self._value("leased_in_stage", {"stage": stage}))
 
     def claim_candidate(
-        self, agent_role: str, agent_id: str, full_stages_json: str, now: int
+        self,
+        agent_role: str,
+        agent_id: str,
+        full_stages_json: str,
+        now: int,
+        full_pairs_json: str = "[]",
     ) -> Task | None:
         params = {
             "agent_role": agent_role,
             "agent_id": agent_id,
             "full_stages": full_stages_json,
+            "full_pairs": full_pairs_json,
             "now": now,
         }
         row = self._one("claim_candidate", params)

@@ -25,13 +25,62 @@ ORDER BY created_at_ms DESC, rowid DESC;
 INSERT INTO tasks (
     id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
     next_eligible_at_ms, max_attempts, retry_delay_ms, dead_letter_stage, created_at_ms,
-    updated_at_ms
+    updated_at_ms, idempotency_key, retry_delay_set
 )
 VALUES (
     :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
     0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
-    :now
+    :now, :idempotency_key, :retry_delay_set
 );
+
+-- task_by_idempotency_key --
+SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
+
+-- task_resume --
+-- What an agent needs to resume a task: its checkpoint and its current fence.
+SELECT checkpoint_json, fence FROM tasks WHERE id = :id;
+
+-- previous_failures --
+SELECT attempt, id, status, error_text, ended_at_ms
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale')
+ORDER BY attempt DESC
+LIMIT :limit;
+
+-- retry_delay_set --
+SELECT retry_delay_set FROM tasks WHERE id = :id;
+
+-- bump_fence --
+UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence;
+
+-- task_fence_of_run --
+SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.id = :run_id;
+
+-- merge_checkpoint --
+-- RFC 7396 merge patch, applied by SQLite in the same statement that reads the old value.
+UPDATE tasks
+SET checkpoint_json = json_patch(coalesce(checkpoint_json, '{}'), :patch)
+WHERE id = :id
+RETURNING checkpoint_json;
+
+-- leases_of_agent --
+SELECT l.run_id FROM leases AS l WHERE l.agent_id = :agent_id ORDER BY l.expires_at_ms;
+
+-- dependent_stages --
+-- (pipeline, stage) of the tasks waiting on this one: who may be able to claim once it is done.
+SELECT DISTINCT t.pipeline_id, t.stage
+FROM task_dependencies AS d
+JOIN tasks AS t ON t.id = d.task_id
+WHERE d.depends_on_task_id = :id;
+
+-- leased_in_pipeline_stage --
+SELECT count(*)
+FROM runs AS r
+CROSS JOIN tasks AS t ON t.id = r.task_id
+WHERE r.status = 'running' AND t.pipeline_id = :pipeline_id AND t.stage = :stage;
+
+-- role_stages --
+SELECT pipeline_id, stage FROM pipeline_stages WHERE agent_role = :agent_role;
 
 -- get_task --
 SELECT
@@ -206,6 +255,10 @@ WITH best AS (
     FROM pipeline_stages AS s
     WHERE s.agent_role = :agent_role
         AND s.stage NOT IN (SELECT value FROM json_each(:full_stages))
+        AND NOT EXISTS (
+            SELECT 1 FROM json_each(:full_pairs) AS f
+            WHERE f.value ->> '$[0]' = s.pipeline_id AND f.value ->> '$[1]' = s.stage
+        )
 )
 SELECT
     t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
@@ -232,8 +285,10 @@ VALUES (
 RETURNING attempt;
 
 -- insert_lease --
-INSERT INTO leases (id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms)
-VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms);
+INSERT INTO leases (
+    id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
+)
+VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
 
 -- get_run --
 SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
@@ -244,7 +299,7 @@ WHERE id = :id;
 -- A lease with what the lease-protected writes need of its run and task, in one lookup.
 SELECT
     l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
-    t.task_version, t.pipeline_id
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
@@ -253,7 +308,7 @@ WHERE l.run_id = :run_id;
 -- lease_by_id --
 SELECT
     l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
-    t.task_version, t.pipeline_id
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
