@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from nulltickets import __version__, core
+from nulltickets.agent_cli import AGENT_COMMANDS
 from nulltickets.config import (
     DURABILITIES,
     ENV_SETTINGS,
@@ -36,7 +37,9 @@ USAGE = """nulltickets [serve|gateway|nulltickets] [--config PATH] [--host HOST]
                    [--db PATH] [--token T] [--max-body-bytes N] [--durability {full,normal}]
                    [--access-log] [--version]
        nulltickets --export-manifest
-       nulltickets --from-json '<json>'"""
+       nulltickets --from-json '<json>'
+       nulltickets worker --role R [--base URL] [--token T] -- COMMAND [ARG...]
+       nulltickets checkpoint '<json>' | event KIND ['<json>'] | pause --agent-id X"""
 
 EPILOG = """configuration: flags win over the config file (--config PATH, else
 $NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over
@@ -216,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return export_manifest()
     if args_in[:1] == ["--from-json"]:
         return from_json(args_in[1:])
+    if args_in[:1] and args_in[0] in AGENT_COMMANDS:
+        from nulltickets.agent_cli import main as agent_main
+
+        return agent_main(args_in)
     parser = _parser()
     # Unknown arguments, and a value flag given last without its value, are ignored (§16.1)
     # but named on stderr.
