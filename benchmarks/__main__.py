@@ -149,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
         results["ops_queue"] = ops
 
+        print("Idle long-poll agents", flush=True)
+        from benchmarks.idle import idle_long_poll
+
+        results["idle_long_poll"] = idle_long_poll(
+            work, agents=50 if quick else 200, seconds=3.0 if quick else 10.0
+        )
+
         print("Core, in-process", flush=True)
         from benchmarks.core import core_cycles
 
@@ -202,6 +209,11 @@ def render(r: dict[str, Any]) -> str:
         "/ops/queue p50: "
         + ", ".join(f"{k} finished tasks {o[k]['p50_ms']:.2f} ms" for k in sizes)
         + f" (ratio {o['ratio']})"
+    )
+    idle = r["idle_long_poll"]
+    lines.append(
+        f"{idle['agents']} agents long-polling an empty queue: server CPU "
+        f"{idle['server_cpu_percent_of_one_core']:.2f}% of one core over {idle['seconds']} s"
     )
     core = r["core"]
     lines.append(
