@@ -1,0 +1,325 @@
+"""Long-poll claims over real HTTP: `POST /leases/claim` with `wait_ms` waits for work of its
+role and claims it as soon as some may have become eligible (a task created or moved into the
+stage, a release, an expired lease, a retry delay running out, a dependency resolved, an
+assignment removed), else answers 204 when the time is up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.conftest import pipeline_with_roles, unique
+from tests.server import Client, Response, Server
+
+pytestmark = pytest.mark.e2e
+
+LONG_WAIT_MS = 10_000
+PROMPT_S = 3.0  # a woken claim answers well within this after its trigger
+SETTLE_S = 0.3  # time for a long-poll claim to reach the server and start waiting
+
+Waiting = Future[tuple[Response, float]]
+
+
+def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
+    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
+    r = client.post("/tasks", body)
+    assert r.status == 201, r.body
+    return str(r.json["id"])
+
+
+def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
+    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
+
+
+def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
+    r = claim(client, role, agent, **fields)
+    assert r.status == 200, (r.status, r.body)
+    return dict(r.json)
+
+
+def transition(client: Client, lease: dict[str, Any], trigger: str) -> None:
+    r = client.post(
+        f"/runs/{lease['run']['id']}/transition", {"trigger": trigger}, token=lease["lease_token"]
+    )
+    assert r.status == 200, r.body
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        yield executor
+
+
+def long_poll(
+    pool: ThreadPoolExecutor,
+    server: Server,
+    role: str,
+    agent: str,
+    wait_ms: int = LONG_WAIT_MS,
+    settle: bool = True,
+) -> Waiting:
+    """Start a long-poll claim on its own connection in a thread; its result is the response and
+    the monotonic time it arrived. By default, return once the claim is surely waiting."""
+
+    def run() -> tuple[Response, float]:
+        c = server.client()
+        try:
+            r = claim(c, role, agent, wait_ms=wait_ms)
+            return r, time.monotonic()
+        finally:
+            c.close()
+
+    waiting = pool.submit(run)
+    if settle:
+        time.sleep(SETTLE_S)
+        assert not waiting.done(), "the long-poll claim answered before anything happened"
+    return waiting
+
+
+def woken_by(waiting: Waiting, trigger: Callable[[], Any]) -> dict[str, Any]:
+    """Fire `trigger` and check the waiting claim got a task promptly, and not before."""
+    assert not waiting.done(), "the long-poll claim answered before its trigger"
+    fired_at = time.monotonic()
+    trigger()
+    r, answered_at = waiting.result(timeout=LONG_WAIT_MS / 1000 + 5)
+    assert r.status == 200, (r.status, r.body)
+    assert answered_at >= fired_at
+    assert answered_at - fired_at < PROMPT_S, answered_at - fired_at
+    return dict(r.json)
+
+
+# --- waiting, and the time running out ---------------------------------------------------------
+
+
+def test_long_poll_claims_at_once_when_work_is_there(client: Client) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id)
+    started = time.monotonic()
+    r = claim(client, coder, wait_ms=LONG_WAIT_MS)
+    assert time.monotonic() - started < 1.0
+    assert r.status == 200, r.body
+    assert r.json["task"]["id"] == task_id
+
+
+def test_long_poll_answers_204_when_nothing_comes(client: Client) -> None:
+    _, coder, _ = pipeline_with_roles(client)
+    started = time.monotonic()
+    r = claim(client, coder, wait_ms=800)
+    elapsed = time.monotonic() - started
+    assert r.status == 204, (r.status, r.body)
+    assert r.body == b""
+    assert 0.75 <= elapsed < 2.5, elapsed
+
+
+def test_long_poll_is_not_woken_by_work_of_another_role(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    _, coder, _ = pipeline_with_roles(client)
+    other_pipeline, other_coder, _ = pipeline_with_roles(client)
+    waiting = long_poll(pool, shared_server, coder, "waiter", wait_ms=1_000)
+    make_task(client, other_pipeline)
+    r, _ = waiting.result(timeout=5)
+    assert r.status == 204, (r.status, r.body)
+    assert claimed(client, other_coder)["run"]["attempt"] == 1
+
+
+def test_long_poll_accepts_a_wait_longer_than_the_cap(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    waiting = long_poll(pool, shared_server, coder, "patient", wait_ms=10**9)
+    lease = woken_by(waiting, lambda: make_task(client, pipeline_id))
+    assert lease["run"]["agent_id"] == "patient"
+
+
+# --- what wakes a waiting claim ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/tasks", "/tasks/bulk"])
+def test_long_poll_is_woken_by_a_task_created_in_its_stage(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor, route: str
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    waiting = long_poll(pool, shared_server, coder, "waiter")
+    created: list[str] = []
+
+    def create() -> None:
+        body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": ""}
+        r = client.post(route, {"tasks": [body]} if route.endswith("bulk") else body)
+        assert r.status == 201, r.body
+        created.extend(r.json["ids"] if route.endswith("bulk") else [r.json["id"]])
+
+    lease = woken_by(waiting, create)
+    assert lease["task"]["id"] == created[0]
+    assert lease["run"]["agent_id"] == "waiter"
+    assert lease["run"]["attempt"] == 1
+
+
+def test_long_poll_is_woken_by_a_task_moved_into_its_stage(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, reviewer = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id)
+    work = claimed(client, coder, "coder-agent")
+    waiting = long_poll(pool, shared_server, reviewer, "reviewer-agent")
+    lease = woken_by(waiting, lambda: transition(client, work, "submit"))
+    assert lease["task"]["id"] == task_id
+    assert lease["task"]["stage"] == "review"
+
+
+def test_long_poll_is_woken_by_a_release(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id)
+    held = claimed(client, coder, "holder")
+    waiting = long_poll(pool, shared_server, coder, "waiter")
+
+    def release() -> None:
+        r = client.post(f"/runs/{held['run']['id']}/release", token=held["lease_token"])
+        assert r.status == 200, r.body
+
+    lease = woken_by(waiting, release)
+    assert lease["task"]["id"] == task_id
+    assert lease["run"]["attempt"] == 2
+
+
+def test_long_poll_is_woken_by_an_expired_lease(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id)
+    lost = claimed(client, coder, "doomed", lease_ttl_ms=300)
+    waiting = long_poll(pool, shared_server, coder, "rescuer", settle=False)
+    started = time.monotonic()
+    r, answered_at = waiting.result(timeout=LONG_WAIT_MS / 1000 + 5)
+    assert r.status == 200, (r.status, r.body)
+    assert answered_at - started < PROMPT_S, answered_at - started
+    assert r.json["task"]["id"] == task_id
+    assert r.json["run"]["attempt"] == 2
+    assert r.json["run"]["started_at_ms"] >= lost["expires_at_ms"]
+
+
+def test_long_poll_is_woken_when_a_retry_delay_runs_out(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id, retry_policy={"retry_delay_ms": 700})
+    first = claimed(client, coder, "first")
+    failed_at = time.monotonic()
+    r = client.post(
+        f"/runs/{first['run']['id']}/fail", {"error": "flaky"}, token=first["lease_token"]
+    )
+    assert r.status == 200, r.body
+    eligible_at = client.get(f"/tasks/{task_id}").json["next_eligible_at_ms"]
+
+    waiting = long_poll(pool, shared_server, coder, "second", settle=False)
+    r, answered_at = waiting.result(timeout=LONG_WAIT_MS / 1000 + 5)
+    assert r.status == 200, (r.status, r.body)
+    assert r.json["task"]["id"] == task_id
+    assert r.json["run"]["attempt"] == 2
+    # Right after the delay, not before it.
+    assert r.json["run"]["started_at_ms"] >= eligible_at
+    assert 0.65 <= answered_at - failed_at < PROMPT_S, answered_at - failed_at
+
+
+def test_long_poll_is_woken_when_a_dependency_is_resolved(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    up_pipeline, up_coder, up_reviewer = pipeline_with_roles(client)
+    upstream = make_task(client, up_pipeline)
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    downstream = make_task(client, pipeline_id, dependencies=[upstream])
+    work = claimed(client, up_coder, "up")
+    transition(client, work, "submit")  # upstream in a later, not yet terminal, stage
+    review = claimed(client, up_reviewer, "up")
+
+    waiting = long_poll(pool, shared_server, coder, "waiter")
+    lease = woken_by(waiting, lambda: transition(client, review, "approve"))
+    assert lease["task"]["id"] == downstream
+
+
+def test_long_poll_is_woken_when_an_assignment_is_removed(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id, assigned_agent_id="bob")
+    waiting = long_poll(pool, shared_server, coder, "alice")
+
+    def unassign() -> None:
+        r = client.delete(f"/tasks/{task_id}/assignments/bob")
+        assert r.status == 200, r.body
+
+    lease = woken_by(waiting, unassign)
+    assert lease["task"]["id"] == task_id
+    assert lease["run"]["agent_id"] == "alice"
+
+
+# --- several waiters, and waiters that go away -------------------------------------------------
+
+
+def test_one_new_task_goes_to_exactly_one_of_two_waiters(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    started = time.monotonic()
+    waiters = [
+        long_poll(pool, shared_server, coder, f"waiter-{n}", wait_ms=1_500, settle=False)
+        for n in range(2)
+    ]
+    time.sleep(SETTLE_S)
+    assert not any(w.done() for w in waiters)
+    created_at = time.monotonic()
+    task_id = make_task(client, pipeline_id)
+
+    results = [w.result(timeout=10) for w in waiters]
+    winners = [(r, t) for r, t in results if r.status == 200]
+    losers = [(r, t) for r, t in results if r.status == 204]
+    assert len(winners) == 1 and len(losers) == 1, [(r.status, r.body) for r, _ in results]
+    won, won_at = winners[0]
+    assert won.json["task"]["id"] == task_id
+    assert won_at - created_at < PROMPT_S
+    # The other one kept waiting until its time was up.
+    lost, lost_at = losers[0]
+    assert lost.body == b""
+    assert lost_at - started >= 1.4, lost_at - started
+    details = client.get(f"/tasks/{task_id}").json
+    assert details["latest_run"]["agent_id"] == won.json["run"]["agent_id"]
+    assert details["latest_run"]["attempt"] == 1
+
+
+def test_a_waiter_that_disconnects_never_gets_a_lease(
+    client: Client, shared_server: Server
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    ghost = unique("ghost")
+    body = json.dumps({"agent_id": ghost, "agent_role": coder, "wait_ms": LONG_WAIT_MS}).encode()
+    head = (
+        "POST /leases/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", shared_server.port), timeout=5)
+    try:
+        sock.sendall(head + body)
+        time.sleep(SETTLE_S)  # the claim is waiting now
+    finally:
+        sock.close()
+    time.sleep(SETTLE_S)  # the server notices the hang-up
+
+    task_id = make_task(client, pipeline_id)
+    r = claim(client, coder, "rescuer")
+    assert r.status == 200, (r.status, r.body)
+    assert r.json["task"]["id"] == task_id
+    assert r.json["run"]["attempt"] == 1
+
+    time.sleep(0.2)  # a late claim by the ghost would show up here
+    latest = client.get(f"/tasks/{task_id}").json["latest_run"]
+    assert latest["agent_id"] == "rescuer"
+    assert latest["attempt"] == 1
+    assert client.post("/agents/release", {"agent_id": ghost}).json["released"] == []
