@@ -389,6 +389,11 @@ class Tracker:
                 "dead_letter_stage": target,
             }
             b.insert_event(run_id, "dead_letter", _json(data), now)
+            if self.signalling and target is not None and pipeline is not None:
+                self._signal(b, task.pipeline_id, target)
+                if pipeline.is_terminal(target):  # dependents count this as resolved
+                    for pipeline_id, stage in b.dependent_stages(task.id):
+                        self._signal(b, pipeline_id, stage)
         else:
             b.schedule_retry(task.id, outcome.next_eligible_at_ms, now)
             self._signal(b, task.pipeline_id, task.stage, outcome.next_eligible_at_ms)
@@ -415,7 +420,7 @@ class Tracker:
             cmd.lease_ttl_ms, default=policy.lease_ttl_ms or core.DEFAULT_LEASE_TTL_MS
         )
         run_id, lease_id = new_id(), new_id()
-        attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now)
+        attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now, lease_id)
         fence = b.bump_fence(task.id)
         token, token_hash = new_lease_token()
         expires = now + ttl
@@ -430,8 +435,9 @@ class Tracker:
             fence=fence,
             now=now,
         )
-        run = Run(run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now,
-                  None)  # fmt: skip
+        run = Run(
+            run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
+        )
         checkpoint, _ = self._resume(b, task.id)
         claimed = ClaimedTask(
             **msgspec.structs.asdict(task),
@@ -513,12 +519,14 @@ class Tracker:
     def heartbeat(
         self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
     ) -> int:
-        lease = self._live_lease(b.lease_by_id(lease_id), token_hash, now)
-        if cmd.expected_fence is not None and cmd.expected_fence != lease.fence:
-            raise LeaseSuperseded(
-                f"the task was claimed again: fence {lease.fence}, not {cmd.expected_fence}"
-            )
-        return self._extend(b, lease, cmd.lease_ttl_ms, now)
+        lease = b.lease_by_id(lease_id)
+        if cmd.expected_fence is not None:
+            current = lease.fence if lease is not None else b.task_fence_of_lease(lease_id)
+            if current is not None and current != cmd.expected_fence:
+                raise LeaseSuperseded(
+                    f"the task was claimed again: fence {current}, not {cmd.expected_fence}"
+                )
+        return self._extend(b, self._live_lease(lease, token_hash, now), cmd.lease_ttl_ms, now)
 
     def _extend(self, b: Backend, lease: LeaseRow, requested_ttl: int | None, now: int) -> int:
         ttl = core.lease_ttl(requested_ttl, default=lease.ttl_ms or core.DEFAULT_LEASE_TTL_MS)

@@ -245,6 +245,28 @@ def test_long_poll_is_woken_when_a_dependency_is_resolved(
     assert lease["task"]["id"] == downstream
 
 
+def test_long_poll_is_woken_when_a_dependency_is_dead_lettered_into_a_terminal_stage(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    up_pipeline, up_coder, _ = pipeline_with_roles(client)
+    upstream = make_task(
+        client, up_pipeline, retry_policy={"max_attempts": 1, "dead_letter_stage": "dead"}
+    )
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    downstream = make_task(client, pipeline_id, dependencies=[upstream])
+    work = claimed(client, up_coder, "up")
+
+    def fail_upstream() -> None:
+        r = client.post(
+            f"/runs/{work['run']['id']}/fail", {"error": "poison"}, token=work["lease_token"]
+        )
+        assert r.status == 200, r.body
+
+    waiting = long_poll(pool, shared_server, coder, "waiter")
+    lease = woken_by(waiting, fail_upstream)  # "dead" is terminal: the dependency resolves
+    assert lease["task"]["id"] == downstream
+
+
 def test_long_poll_is_woken_when_an_assignment_is_removed(
     client: Client, shared_server: Server, pool: ThreadPoolExecutor
 ) -> None:

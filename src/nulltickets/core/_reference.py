@@ -96,8 +96,14 @@ def decide_failure(
             else None
         )
         return DeadLettered(failed_attempts, stage, usable)
-    delay = retry_delay(retry_delay_ms, backoff=backoff, max_delay_ms=max_delay_ms,
-                        jitter=jitter, failed_attempts=failed_attempts, rand=rand)  # fmt: skip
+    delay = retry_delay(
+        retry_delay_ms,
+        backoff=backoff,
+        max_delay_ms=max_delay_ms,
+        jitter=jitter,
+        failed_attempts=failed_attempts,
+        rand=rand,
+    )
     at = max(0, min(now + delay, _MAX_TIME))
     return RetryScheduled(failed_attempts, delay, at)
 

@@ -200,6 +200,10 @@ class SqliteBackend:
         value: int | None = self._value("task_fence_of_run", {"run_id": run_id})
         return value
 
+    def task_fence_of_lease(self, lease_id: str) -> int | None:
+        value: int | None = self._value("task_fence_of_lease", {"lease_id": lease_id})
+        return value
+
     def merge_checkpoint(self, id: str, patch_json: str) -> str:
         return str(self._value("merge_checkpoint", {"id": id, "patch": patch_json}))
 
@@ -282,10 +286,18 @@ class SqliteBackend:
         row = self._one("claim_candidate", params)
         return None if row is None else _task(row)
 
-    def insert_run(self, id: str, task_id: str, agent_id: str, agent_role: str, now: int) -> int:
-        """Insert a running run; returns its attempt number."""
-        params = {"id": id, "task_id": task_id, "agent_id": agent_id,
-                  "agent_role": agent_role, "now": now}  # fmt: skip
+    def insert_run(
+        self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
+    ) -> int:
+        """Insert a running run under `lease_id`; returns its attempt number."""
+        params = {
+            "id": id,
+            "task_id": task_id,
+            "agent_id": agent_id,
+            "agent_role": agent_role,
+            "now": now,
+            "lease_id": lease_id,
+        }
         return int(self._value("insert_run", params))
 
     def insert_lease(self, **params: Any) -> None:

@@ -56,6 +56,9 @@ UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence;
 -- task_fence_of_run --
 SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.id = :run_id;
 
+-- task_fence_of_lease --
+SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.lease_id = :lease_id;
+
 -- merge_checkpoint --
 -- RFC 7396 merge patch, applied by SQLite in the same statement that reads the old value.
 UPDATE tasks
@@ -271,7 +274,9 @@ LIMIT 1;
 
 -- insert_run --
 -- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
-INSERT INTO runs (id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json)
+INSERT INTO runs (
+    id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json, lease_id
+)
 VALUES (
     :id,
     :task_id,
@@ -280,7 +285,8 @@ VALUES (
     :agent_id,
     :agent_role,
     :now,
-    '{}'
+    '{}',
+    :lease_id
 )
 RETURNING attempt;
 

@@ -9,8 +9,12 @@ ALTER TABLE tasks ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN idempotency_key TEXT;
 ALTER TABLE tasks ADD COLUMN retry_delay_set INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE leases ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
+-- The lease a run was claimed under, kept after the lease row is gone, so a heartbeat from an
+-- agent whose lease was reaped can still be told the task moved on (lease_superseded).
+ALTER TABLE runs ADD COLUMN lease_id TEXT;
 
 CREATE UNIQUE INDEX idx_tasks_idempotency_key ON tasks(pipeline_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX idx_leases_agent ON leases(agent_id);
+CREATE INDEX idx_runs_lease ON runs(lease_id) WHERE lease_id IS NOT NULL;
 UPDATE tasks SET retry_delay_set = 1 WHERE retry_delay_ms != 0;
