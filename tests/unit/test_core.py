@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 
 from nulltickets import core
@@ -15,8 +17,18 @@ from tests.server import PIPELINE
 P = parse_definition(PIPELINE)
 NOW = 1_000_000
 
+# Every test runs against the interpreted core, and against the compiled one where it was built.
+IMPLEMENTATIONS = [core.load(pure_python=True)]
+if core.load().COMPILED:
+    IMPLEMENTATIONS.append(core.load())
 
-def fail(**kw: object) -> core.RetryScheduled | core.DeadLettered:
+
+@pytest.fixture(params=IMPLEMENTATIONS, ids=lambda m: "compiled" if m.COMPILED else "python")
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    return request.param  # type: ignore[no-any-return]
+
+
+def fail(impl: ModuleType, **kw: object) -> object:
     args: dict[str, object] = dict(
         stage="todo",
         max_attempts=3,
@@ -27,40 +39,42 @@ def fail(**kw: object) -> core.RetryScheduled | core.DeadLettered:
         now=NOW,
     )
     args.update(kw)
-    return core.decide_failure(**args)  # type: ignore[arg-type]
+    return impl.decide_failure(**args)
 
 
-def test_failure_below_max_attempts_schedules_a_retry_after_the_delay() -> None:
-    assert fail(failed_attempts=2) == core.RetryScheduled(2, 500, NOW + 500)
+def test_failure_below_max_attempts_schedules_a_retry_after_the_delay(impl: ModuleType) -> None:
+    assert fail(impl, failed_attempts=2) == impl.RetryScheduled(2, 500, NOW + 500)
 
 
-def test_unlimited_attempts_never_dead_letter() -> None:
-    assert isinstance(fail(max_attempts=None, failed_attempts=10_000), core.RetryScheduled)
+def test_unlimited_attempts_never_dead_letter(impl: ModuleType) -> None:
+    assert isinstance(fail(impl, max_attempts=None, failed_attempts=10_000), impl.RetryScheduled)
 
 
-def test_reaching_max_attempts_dead_letters_into_a_known_stage() -> None:
-    assert fail(failed_attempts=3) == core.DeadLettered(3, "todo", "dead")
+def test_reaching_max_attempts_dead_letters_into_a_known_stage(impl: ModuleType) -> None:
+    assert fail(impl, failed_attempts=3) == impl.DeadLettered(3, "todo", "dead")
 
 
-def test_unknown_dead_letter_stage_dead_letters_in_place() -> None:
-    assert fail(failed_attempts=3, dead_letter_stage="nowhere") == core.DeadLettered(
+def test_unknown_dead_letter_stage_dead_letters_in_place(impl: ModuleType) -> None:
+    assert fail(impl, failed_attempts=3, dead_letter_stage="nowhere") == impl.DeadLettered(
         3, "todo", None
     )
-    assert fail(failed_attempts=3, dead_letter_stage=None).dead_letter_stage is None  # type: ignore[union-attr]
+    assert fail(impl, failed_attempts=3, dead_letter_stage=None).dead_letter_stage is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("max_attempts", [0, -5])
-def test_non_positive_max_attempts_dead_letter_on_the_first_failure(max_attempts: int) -> None:
-    assert isinstance(fail(max_attempts=max_attempts, failed_attempts=1), core.DeadLettered)
+def test_non_positive_max_attempts_dead_letter_on_the_first_failure(
+    impl: ModuleType, max_attempts: int
+) -> None:
+    assert isinstance(fail(impl, max_attempts=max_attempts, failed_attempts=1), impl.DeadLettered)
 
 
-def test_retry_time_never_overflows_or_goes_negative() -> None:
-    assert fail(retry_delay_ms=2**63).next_eligible_at_ms == 2**63 - 1  # type: ignore[union-attr]
-    assert fail(retry_delay_ms=-(2**62)).next_eligible_at_ms == 0  # type: ignore[union-attr]
+def test_retry_time_never_overflows_or_goes_negative(impl: ModuleType) -> None:
+    assert fail(impl, retry_delay_ms=2**63).next_eligible_at_ms == 2**63 - 1  # type: ignore[union-attr]
+    assert fail(impl, retry_delay_ms=-(2**62)).next_eligible_at_ms == 0  # type: ignore[union-attr]
 
 
-def test_transition_follows_the_definition() -> None:
-    t = core.decide_transition(
+def test_transition_follows_the_definition(impl: ModuleType) -> None:
+    t = impl.decide_transition(
         pipeline=P,
         stage="todo",
         task_version=1,
@@ -71,9 +85,9 @@ def test_transition_follows_the_definition() -> None:
     assert (t.to_stage, t.instructions) == ("review", "review it")
 
 
-def test_transition_checks_stage_then_version_then_trigger() -> None:
+def test_transition_checks_stage_then_version_then_trigger(impl: ModuleType) -> None:
     with pytest.raises(ExpectedStageMismatch):
-        core.decide_transition(
+        impl.decide_transition(
             pipeline=P,
             stage="todo",
             task_version=1,
@@ -82,7 +96,7 @@ def test_transition_checks_stage_then_version_then_trigger() -> None:
             expected_task_version=9,
         )
     with pytest.raises(TaskVersionMismatch):
-        core.decide_transition(
+        impl.decide_transition(
             pipeline=P,
             stage="todo",
             task_version=1,
@@ -91,7 +105,7 @@ def test_transition_checks_stage_then_version_then_trigger() -> None:
             expected_task_version=9,
         )
     with pytest.raises(IllegalTransition):
-        core.decide_transition(
+        impl.decide_transition(
             pipeline=P,
             stage="todo",
             task_version=1,
@@ -101,11 +115,38 @@ def test_transition_checks_stage_then_version_then_trigger() -> None:
         )
 
 
-def test_lease_ttl_defaults_rejects_non_positive_and_clamps_to_a_day() -> None:
-    assert core.lease_ttl(None) == core.DEFAULT_LEASE_TTL_MS
-    assert core.lease_ttl(None, default=1234) == 1234
-    assert core.lease_ttl(50) == 50
-    assert core.lease_ttl(10**15) == core.MAX_LEASE_TTL_MS
+def test_lease_ttl_defaults_rejects_non_positive_and_clamps_to_a_day(impl: ModuleType) -> None:
+    assert impl.lease_ttl(None) == impl.DEFAULT_LEASE_TTL_MS
+    assert impl.lease_ttl(None, default=1234) == 1234
+    assert impl.lease_ttl(50) == 50
+    assert impl.lease_ttl(10**15) == impl.MAX_LEASE_TTL_MS
     for bad in (0, -1):
         with pytest.raises(InvalidLeaseTtl):
-            core.lease_ttl(bad)
+            impl.lease_ttl(bad)
+
+
+def test_backoff_grows_the_delay_per_failure_up_to_the_cap(impl: ModuleType) -> None:
+    delays = [
+        impl.retry_delay(
+            100, backoff=2.0, max_delay_ms=500, jitter=0.0, failed_attempts=n, rand=0.5
+        )
+        for n in range(1, 6)
+    ]
+    assert delays == [100, 200, 400, 500, 500]
+
+
+def test_jitter_moves_the_delay_by_at_most_its_fraction(impl: ModuleType) -> None:
+    low = impl.retry_delay(
+        1000, backoff=1.0, max_delay_ms=None, jitter=0.2, failed_attempts=1, rand=0.0
+    )
+    high = impl.retry_delay(
+        1000, backoff=1.0, max_delay_ms=None, jitter=0.2, failed_attempts=1, rand=0.999999
+    )
+    assert (low, high) == (800, 1199)
+
+
+def test_huge_backoff_saturates_instead_of_overflowing(impl: ModuleType) -> None:
+    delay = impl.retry_delay(
+        10**12, backoff=100.0, max_delay_ms=None, jitter=0.0, failed_attempts=60, rand=0.5
+    )
+    assert delay == 2**63 - 1

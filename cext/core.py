@@ -1,8 +1,17 @@
-"""Pure-Python claim/transition/fail decisions. No I/O: given values and `now`, return values."""
+"""The claim/transition/fail decisions: pure functions of the current row and `now`. No I/O.
+
+Written in Cython's pure-Python mode: interpreted as it is, or compiled (the `cython.*` names
+below then type the locals). Both run the same test suite.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+try:
+    import cython
+except ModuleNotFoundError:  # interpreted where Cython is not installed
+    from nulltickets._cext import _cython_shim as cython
 
 from nulltickets.domain.fsm import Pipeline, Transition
 from nulltickets.errors import (
@@ -12,11 +21,14 @@ from nulltickets.errors import (
     TaskVersionMismatch,
 )
 
-# The reference parks dead-lettered tasks at this eligibility time; kept for compatibility.
+# The original parks dead-lettered tasks at this eligibility time; kept for compatibility.
 DEAD_LETTER_ELIGIBLE_AT = 9_223_372_036_854_775_000
 DEFAULT_LEASE_TTL_MS = 300_000
 MAX_LEASE_TTL_MS = 86_400_000
 _MAX_TIME = 2**63 - 1
+
+
+COMPILED: bool = cython.compiled
 
 
 def lease_ttl(requested: int | None, default: int = DEFAULT_LEASE_TTL_MS) -> int:
@@ -43,6 +55,7 @@ class DeadLettered:
     reason: str = "max_attempts_exceeded"
 
 
+@cython.locals(exponent=cython.longlong, grown=cython.double)
 def retry_delay(
     base_ms: int,
     *,
@@ -60,7 +73,7 @@ def retry_delay(
         exponent = min(max(failed_attempts - 1, 0), 64)
         grown = float(base_ms) * backoff**exponent
         grown *= 1.0 + jitter * (2.0 * rand - 1.0)
-        delay = int(min(grown, float(_MAX_TIME)))
+        delay = min(int(min(grown, 9.3e18)), _MAX_TIME)  # saturate, never overflow
     if max_delay_ms is not None:
         delay = min(delay, max_delay_ms)
     return delay
