@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 compiled = False
-int = int  # noqa: A001, PLW0127
+int = int
 long = int
 longlong = int
 double = float
@@ -24,7 +24,7 @@ ccall = cfunc
 inline = cfunc
 
 
-def locals(**_types: Any) -> Callable[[F], F]:  # noqa: A001
+def locals(**_types: Any) -> Callable[[F], F]:
     return lambda func: func
 
 
