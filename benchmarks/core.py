@@ -3,6 +3,9 @@ for each core implementation that can be loaded here."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from nulltickets.storage.sqlite.database import Database
 
 
 def _run(db_path: Path, cycles: int) -> float:
-    database = Database(str(db_path))
+    database = Database(str(db_path), durability="normal")  # CPU, not fsync
     database.open()
     tracker = Tracker()
     definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
@@ -49,7 +52,23 @@ def _run(db_path: Path, cycles: int) -> float:
     return cycles / elapsed
 
 
+def _measure(db: str, cycles: int) -> None:
+    """Entry point of the measuring subprocess: prints `<implementation> <cycles/s>`."""
+    print(core.IMPLEMENTATION, _run(Path(db), cycles))
+
+
 def core_cycles(work: Path, cycles: int) -> dict[str, Any]:
-    """One transaction per cycle (the worst case for the commit path)."""
-    rates = {core.IMPLEMENTATION: round(_run(work / "core.db", cycles), 1)}
-    return {"cycles_per_s": rates, "ratio": None, "note": "one commit per cycle"}
+    """One transaction per cycle (the worst case for the commit path), once with the compiled
+    core (when it was built) and once interpreted, each in a process of its own."""
+    rates: dict[str, float] = {}
+    for pure in (False, True):
+        env = {**os.environ, "NULLTICKETS_PURE_PYTHON": "1" if pure else ""}
+        db = work / f"core-{'python' if pure else 'default'}.db"
+        code = f"from benchmarks.core import _measure; _measure({str(db)!r}, {cycles})"
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        name, rate = out.stdout.split()
+        rates[name] = round(float(rate), 1)
+    ratio = round(rates["compiled"] / rates["python"], 3) if "compiled" in rates else None
+    return {"cycles_per_s": rates, "ratio": ratio, "note": "one commit per cycle, normal"}
