@@ -88,7 +88,7 @@ from nulltickets.errors import (
     Unauthorized,
 )
 from nulltickets.otlp import SpanRow
-from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
+from nulltickets.storage.backend import Backend
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000

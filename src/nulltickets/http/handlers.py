@@ -21,7 +21,7 @@ from nulltickets.errors import InvalidJson, InvalidRequest, ReservedNamespace, U
 from nulltickets.http.request import Request
 from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
-from nulltickets.storage.sqlite.backend import SqliteBackend as Backend
+from nulltickets.storage.backend import Backend
 from nulltickets.storage.sqlite.database import Database
 
 T = TypeVar("T")

@@ -1,0 +1,58 @@
+"""The import graph keeps the architecture: http -> service -> core/domain -> storage, one way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "nulltickets"
+CEXT = Path(__file__).resolve().parents[2] / "cext"
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules(SRC / "domain") + modules(CEXT), ids=str)
+def test_domain_and_core_import_nothing_from_storage_http_or_service(path: Path) -> None:
+    bad = {
+        m
+        for m in imports_of(path)
+        if m.startswith(("nulltickets.storage", "nulltickets.http", "nulltickets.service", "apsw"))
+    }
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path", [SRC / "service.py", *modules(SRC / "http"), *modules(SRC / "core")], ids=str
+)
+def test_nothing_above_storage_imports_the_driver_or_sqlite_queries(path: Path) -> None:
+    found = imports_of(path)
+    assert "apsw" not in found
+    assert "nulltickets.storage.sqlite.backend" not in found
+
+
+def test_the_service_sees_storage_only_through_the_backend_protocol() -> None:
+    storage = {m for m in imports_of(SRC / "service.py") if m.startswith("nulltickets.storage")}
+    assert storage == {"nulltickets.storage.backend"}
+
+
+def test_storage_imports_nothing_above_it() -> None:
+    for path in modules(SRC / "storage"):
+        above = {
+            m for m in imports_of(path) if m.startswith(("nulltickets.http", "nulltickets.service"))
+        }
+        assert not above, f"{path} imports {above}"
