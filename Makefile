@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck clean bench bench-quick
+.PHONY: install run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -42,3 +42,21 @@ bench: install
 
 bench-quick: install
 	$(PY) -m benchmarks --quick --out bench-results.json
+
+# The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
+BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
+
+binary: install
+	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) build/binary.py
+
+# The e2e suite against the built executable instead of `python -m nulltickets`.
+test-binary: install
+	@test -x "$(BINARY)" || { echo "no $(BINARY): run 'make binary' first"; exit 1; }
+	bash build/test-binary.sh $(PY) $(BINARY) $(PYTEST_ARGS)
+
+# The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
+binary-measure: install
+	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) build/binary.py --cold
+	$(PY) build/measure.py

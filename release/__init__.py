@@ -1,0 +1,1 @@
+"""Release tooling: checksums and the release manifest (release/manifest.py)."""
