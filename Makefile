@@ -43,6 +43,15 @@ bench: install
 bench-quick: install
 	$(PY) -m benchmarks --quick --out bench-results.json
 
+# The long versions of the reliability suites (tests/reliability): 25 kill/restart cycles, minutes
+# of abuse, thousands of fuzz examples. Then RELIABILITY.md is written from what they recorded
+# (reliability-results.json), also when a suite failed; the exit status is pytest's.
+.PHONY: soak
+soak: install
+	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=reliability-results.json \
+		$(PY) -m pytest tests/reliability $(PYTEST_ARGS); status=$$?; \
+	$(PY) scripts/reliability_report.py reliability-results.json RELIABILITY.md && exit $$status
+
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
