@@ -12,8 +12,8 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
