@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import json
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -122,9 +123,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return build_settings(flags_from_args(args))
 
 
+def bind_address(host: str) -> str:
+    """The IP address to listen on: the server binds addresses, so a name is resolved first."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot resolve --host {host!r}: {exc}") from None
+    # Prefer IPv4 (what "localhost" means to most clients), else the first address.
+    addresses = [str(info[4][0]) for info in infos]
+    v4 = [a for a in addresses if ipaddress.ip_address(a).version == 4]
+    return (v4 or addresses)[0]
+
+
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -138,7 +153,7 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("--read-timeout must be between 0 and 3600 seconds")
     if settings.max_body_bytes < 1024:
         raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
-    if not is_loopback(settings.host) and not settings.token:
+    if not is_loopback(bind_address(settings.host)) and not settings.token:
         raise ConfigError(
             f"refusing to listen on {settings.host} without a token; "
             "pass --token (or set api_token in the config) or bind 127.0.0.1"
@@ -177,7 +192,7 @@ def serve(settings: Settings) -> None:
     )
     server = Server(
         "nulltickets.http.app:load_app",
-        address=settings.host,
+        address=bind_address(settings.host),
         port=settings.port,
         interface=Interfaces.RSGI,
         workers=1,

@@ -207,6 +207,12 @@ class StorageFull(TrackerError):
     code = "storage_full"
 
 
+class StorageUnavailable(TrackerError):
+    """The database could not be written; retry later."""
+
+    code = "storage_unavailable"
+
+
 class StorageReadOnly(TrackerError):
     """Database is read-only."""
 

@@ -416,11 +416,6 @@ def test_hostile_values_get_a_json_answer_never_a_5xx(
     row.detail = "JSON 4xx or a normal answer, never a 5xx; the server kept serving"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cursor beyond int64 (GET /tasks, /artifacts, /runs/{id}/events, /runs/{id}/spans) "
-    "is a 500 internal_error (OverflowError binding it to SQLite), not 400 invalid_cursor",
-)
 def test_cursors_beyond_int64_are_400_invalid_cursor(target: Server, record: Recorder) -> None:
     row = record(
         "abuse",

@@ -252,15 +252,7 @@ def test_a_full_disk_refuses_writes_keeps_reads_and_recovers_uncorrupted(
     "kind",
     [
         "tmpfs",
-        pytest.param(
-            "RLIMIT_FSIZE",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a write past RLIMIT_FSIZE fails with EFBIG, which SQLite reports as "
-                "SQLITE_IOERR_WRITE (apsw.IOError): the server answers 500 internal_error, not "
-                "507 storage_full",
-            ),
-        ),
+        "RLIMIT_FSIZE",
     ],
 )
 @pytest.mark.timeout(120)
@@ -409,12 +401,6 @@ def test_a_database_locked_for_10s_gets_503_retry_after_and_never_hangs(
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the writer waits out SQLite's 5 s busy timeout on the event loop's thread: while the "
-    "database is locked every request stalls (a read of one key waits up to ~10 s) and a write "
-    "queued behind a waiting batch gets its answer only after two busy timeouts",
-)
 def test_while_locked_writes_get_503_within_the_busy_timeout_and_reads_flow(
     locked: Locked, record: Recorder
 ) -> None:

@@ -97,16 +97,7 @@ class KnownBug:
 
 # Server bugs with a strict-xfail regression test of their own; the fuzzer counts them instead of
 # failing on them, so it keeps looking for new ones. Remove an entry with its xfail mark.
-KNOWN_BUGS = [
-    KnownBug(
-        "with --token, GET /runs/{id}/events with a bearer that is neither the admin token nor "
-        "the run's live lease answers 404/410, which its OpenAPI entry does not document "
-        "(test_fuzz.py::test_reading_events_with_a_foreign_bearer_gets_a_documented_status)",
-        lambda case, r: (
-            case.operation.label == "GET /runs/{id}/events" and r.status_code in (404, 410)
-        ),
-    ),
-]
+KNOWN_BUGS: list[KnownBug] = []
 
 
 @dataclass
@@ -324,7 +315,6 @@ def test_an_idempotent_claim_with_nothing_to_claim_is_204(
     row.detail = "204 with an empty body, first time and replayed"
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[0].name.split(" (test_fuzz")[0])
 def test_reading_events_with_a_foreign_bearer_gets_a_documented_status(
     secured_server: Server, record: Recorder
 ) -> None:

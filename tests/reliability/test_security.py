@@ -513,11 +513,6 @@ def test_loopback_addresses_start_without_a_token(tmp_path: Path, record: Record
     row.detail = "each one served /health"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--host localhost passes the loopback check but granian cannot bind a host name: the "
-    "server dies at start-up with a ValueError traceback ('invalid IP address syntax')",
-)
 def test_localhost_starts_without_a_token(tmp_path: Path, record: Recorder) -> None:
     row = record("security", "start with --host localhost without a token", 1, "starts")
     ok, why = serves("localhost", "127.0.0.1", tmp_path)

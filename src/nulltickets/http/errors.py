@@ -41,6 +41,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.PayloadTooLarge: 413,
     e.StorageBusy: 503,
     e.StorageReadOnly: 503,
+    e.StorageUnavailable: 503,
     e.StorageFull: 507,
     e.TrackerError: 500,
 }

@@ -17,7 +17,14 @@ from nulltickets import otlp
 from nulltickets.domain import commands as cmd
 from nulltickets.domain.model import ClaimResult
 from nulltickets.domain.tokens import lease_token_hash, same_token
-from nulltickets.errors import InvalidJson, InvalidRequest, ReservedNamespace, Unauthorized
+from nulltickets.errors import (
+    InvalidJson,
+    InvalidRequest,
+    LeaseExpired,
+    NotFound,
+    ReservedNamespace,
+    Unauthorized,
+)
 from nulltickets.http.request import Request
 from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
@@ -329,12 +336,16 @@ async def append_event(ctx: Context, req: Request) -> Reply:
 async def list_events(ctx: Context, req: Request) -> Reply:
     run_id = req.params["id"]
     if ctx.admin_token is not None:
-        # The original lets any bearer read events; require the admin token or this run's lease.
+        # The original lets any bearer read events; require the admin token or this run's live
+        # lease. Anything else is 401, whatever the reason the lease does not match.
         token = req.require_bearer()
         if not same_token(token, ctx.admin_token):
             token_hash = lease_token_hash(token)
             now = now_ms()
-            await ctx.read(lambda b: ctx.tracker.check_run_lease(b, run_id, token_hash, now))
+            try:
+                await ctx.read(lambda b: ctx.tracker.check_run_lease(b, run_id, token_hash, now))
+            except (NotFound, LeaseExpired) as exc:
+                raise Unauthorized("needs the admin token or this run's lease token") from exc
     limit = req.limit(100)
     after = req.event_cursor()
     items, cursor = await ctx.read(lambda b: ctx.tracker.list_events(b, run_id, after, limit))

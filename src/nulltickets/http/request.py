@@ -12,6 +12,13 @@ from nulltickets.errors import InvalidCursor, InvalidLimit, Unauthorized
 MAX_LIMIT = 1000
 
 
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(text)
+    return value
+
+
 def parse_query(query_string: str) -> dict[str, str]:
     """`name=value` pairs only, first occurrence wins, values percent-decoded (`+` is a space)."""
     params: dict[str, str] = {}
@@ -106,7 +113,7 @@ class Request:
         try:
             if not sep or not left or not right:
                 raise ValueError
-            return int(left), right
+            return _int64(left), right
         except ValueError:
             raise InvalidCursor("cursor must look like <created_at_ms>:<id>") from None
 
@@ -115,6 +122,6 @@ class Request:
         if raw is None:
             return 0
         try:
-            return int(raw)
+            return _int64(raw)
         except ValueError:
             raise InvalidCursor("cursor must be an event id") from None

@@ -17,38 +17,68 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import apsw
 
-from nulltickets.errors import StorageBusy, StorageFull, StorageReadOnly
+from nulltickets.errors import StorageBusy, StorageFull, StorageReadOnly, StorageUnavailable
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.backend import SqliteBackend
 
 log = logging.getLogger("nulltickets.storage")
 
 T = TypeVar("T")
+RETRY_MIN_S = 0.01  # first wait for another process's write lock; doubles up to:
+RETRY_MAX_S = 0.2
 Job = Callable[[SqliteBackend], Any]
 Outcome = tuple[Any, BaseException | None]
 
 
-def storage_error(exc: BaseException) -> BaseException:
-    """Translate driver errors into ours at the storage edge."""
+def storage_error(exc: BaseException, system_errno: int | None = None) -> BaseException:
+    """Translate driver errors into ours at the storage edge (`system_errno`: the OS error of
+    the connection's last failure, when known)."""
     if isinstance(exc, apsw.BusyError | apsw.LockedError):
         return StorageBusy()
     if isinstance(exc, apsw.FullError):
         return StorageFull()
+    if isinstance(exc, apsw.IOError):
+        # A write past a file-size limit (EFBIG) or onto a full disk (ENOSPC) often surfaces as
+        # SQLITE_IOERR_WRITE rather than SQLITE_FULL; any other I/O error is retryable at best.
+        if system_errno in (errno.EFBIG, errno.ENOSPC) or (
+            "disk" in str(exc).lower() and "full" in str(exc).lower()
+        ):
+            return StorageFull()
+        return StorageUnavailable(f"database I/O error: {exc}")
     if isinstance(exc, apsw.ReadOnlyError):
         return StorageReadOnly()
     return exc
 
 
+def _errno(conn: apsw.Connection) -> int | None:
+    try:
+        value = conn.system_errno
+    except apsw.Error:
+        return None
+    return int(value) if value else None
+
+
+class _Locked(Exception):
+    """Another process holds the database's write lock: nothing of the batch ran."""
+
+
 class Writer:
-    """Owns the only read-write connection; commits the jobs waiting together."""
+    """Owns the only read-write connection; commits the jobs waiting together.
+
+    When another process holds the write lock, the batch waits for it without blocking the
+    event loop: SQLite's own busy wait is off on this connection, and the flush is retried on a
+    timer. A job still waiting after the busy timeout gets StorageBusy (503 Retry-After).
+    """
 
     def __init__(self, path: str, durability: str, max_batch: int = 128) -> None:
         self.path = path
@@ -56,8 +86,11 @@ class Writer:
         self.max_batch = max_batch
         self._conn: apsw.Connection | None = None
         self._lock = threading.Lock()
-        self._pending: list[tuple[Job, asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Job, asyncio.Future[Any], float]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_scheduled = False
+        self._retry_delay = RETRY_MIN_S
+        self.busy_timeout_s = connection.BUSY_TIMEOUT_MS / 1000
         self._after_commit: list[Callable[[], None]] = []
         self.batches = 0
         self.jobs = 0
@@ -65,12 +98,16 @@ class Writer:
     def start(self) -> None:
         self._conn = connection.connect_writer(self.path, self.durability)
         connection.migrate(self._conn)
+        self._conn.set_busy_timeout(0)  # never wait inside SQLite: see the class docstring
         self._backend = SqliteBackend(self._conn)
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
-        while self._pending:
+        while self._pending:  # a lock held elsewhere fails them after the busy timeout
+            self._flush_scheduled = False
             self._flush()
+            if self._pending:
+                time.sleep(self._retry_delay)
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(apsw.Error):
@@ -93,31 +130,75 @@ class Writer:
         """Run `job` in the next batch; return its result once that batch is committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._pending.append((job, future))
-        if len(self._pending) == 1:
+        self._pending.append((job, future, time.monotonic()))
+        if not self._flush_scheduled:
             self._loop = loop
+            self._flush_scheduled = True
             loop.call_soon(self._flush)
         return await future
 
     def run_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         """Run `job` in a transaction of its own, from any thread."""
-        [(result, exc)] = self._execute([job])
-        if exc is not None:
-            raise exc
-        return result  # type: ignore[no-any-return]
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                [outcome] = self._execute([job])
+            except _Locked:
+                if time.monotonic() >= deadline:
+                    raise StorageBusy() from None
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            result, exc = outcome
+            if exc is not None:
+                raise exc
+            return result  # type: ignore[no-any-return]
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-        if self._pending and self._loop is not None:
-            self._loop.call_soon(self._flush)
-        outcomes = self._execute([job for job, _ in batch])
-        for (_, future), (result, exc) in zip(batch, outcomes, strict=True):
+        try:
+            outcomes = self._execute([job for job, _, _ in batch])
+        except _Locked:
+            self._wait_for_lock(batch)
+            return
+        self._retry_delay = RETRY_MIN_S
+        if self._pending:
+            self._schedule_flush(0.0)
+        for (_, future, _), (result, exc) in zip(batch, outcomes, strict=True):
             if future.done():  # the request was cancelled (client went away); the write stands
                 continue
             if exc is not None:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+
+    def _schedule_flush(self, delay: float) -> None:
+        if self._flush_scheduled or self._loop is None:
+            return
+        self._flush_scheduled = True
+        if delay:
+            self._loop.call_later(delay, self._flush)
+        else:
+            self._loop.call_soon(self._flush)
+
+    def _wait_for_lock(self, batch: list[tuple[Job, asyncio.Future[Any], float]]) -> None:
+        """The database is locked: give up on jobs older than the busy timeout, put the others
+        back in front, and try again a little later."""
+        now = time.monotonic()
+        keep = []
+        for entry in batch:
+            _, future, submitted = entry
+            if now - submitted >= self.busy_timeout_s:
+                if not future.done():
+                    future.set_exception(StorageBusy())
+            else:
+                keep.append(entry)
+        self._pending[:0] = keep
+        if self._pending:
+            self._schedule_flush(self._retry_delay)
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_S)
 
     def _execute(self, jobs: list[Job]) -> list[Outcome]:
         """Run `jobs` in one transaction and return each one's outcome after COMMIT.
@@ -149,6 +230,12 @@ class Writer:
             return []
         try:
             conn.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError:
+            if len(todo) == len(outcomes):  # nothing of the batch has run yet
+                raise _Locked() from None
+            for i in todo:
+                outcomes[i] = (None, StorageBusy())
+            return []
         except Exception as exc:
             for i in todo:
                 outcomes[i] = (None, storage_error(exc))
@@ -159,7 +246,7 @@ class Writer:
             try:
                 result = jobs[i](self._backend)
             except BaseException as exc:
-                err = storage_error(exc)
+                err = storage_error(exc, _errno(conn))
                 outcomes[i] = (None, err)
                 if conn.total_changes() == before and conn.in_transaction:
                     continue  # failed before writing: nothing to undo
@@ -177,7 +264,7 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except Exception as exc:
-            err = storage_error(exc)
+            err = storage_error(exc, _errno(conn))
             log.warning("commit of a batch of %d failed: %s", len(ran), exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
