@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py cext/core.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -24,8 +24,8 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks cext build release scripts
 	@if [ -x $(VENV)/bin/actionlint ]; then \
 		$(VENV)/bin/actionlint .github/workflows/*.yml && \
 		$(VENV)/bin/zizmor --offline --min-severity low .github/workflows; \
