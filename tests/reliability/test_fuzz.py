@@ -366,7 +366,7 @@ json_values: st.SearchStrategy[Any] = st.deferred(
         st.none()
         | st.booleans()
         | st.integers()
-        | st.floats(allow_nan=False)
+        | st.floats(allow_nan=False, allow_infinity=False)  # JSON has neither
         | st.text(max_size=8)
         | st.lists(json_values, max_size=4)
         | st.dictionaries(st.text(max_size=6), json_values, max_size=4)
