@@ -6,6 +6,7 @@ Methods run on whatever connection the backend wraps; transactions belong to the
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import apsw
@@ -462,7 +463,11 @@ class SqliteBackend:
             "stuck_before": stuck_before,
             "near_expiry_before": near_expiry_before,
         }
-        return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self._all("role_stage_queue", params)]
+        rows = []
+        for role, claimable, failed, stuck, near in self._all("role_stage_queue", params):
+            count, oldest = json.loads(claimable)
+            rows.append((role, count, oldest, failed, stuck, near))
+        return rows
 
     # --- traces --------------------------------------------------------------------------------
 

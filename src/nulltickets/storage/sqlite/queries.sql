@@ -476,7 +476,8 @@ LIMIT :limit;
 SELECT
     s.agent_role,
     (
-        SELECT count(*)
+        -- [how many, the oldest created_at_ms] of the claimable tasks, in one walk of the index
+        SELECT json_array(count(*), min(t.created_at_ms))
         FROM tasks AS t INDEXED BY idx_tasks_claim
         WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
             AND t.dead_letter_reason IS NULL
@@ -492,25 +493,7 @@ SELECT
                     ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
                 WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0
             )
-    ) AS claimable_count,
-    (
-        SELECT min(t.created_at_ms)
-        FROM tasks AS t INDEXED BY idx_tasks_claim
-        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
-            AND t.dead_letter_reason IS NULL
-            AND t.next_eligible_at_ms <= :now
-            AND NOT EXISTS (
-                SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
-            )
-            AND NOT EXISTS (
-                SELECT 1
-                FROM task_dependencies AS d
-                JOIN tasks AS u ON u.id = d.depends_on_task_id
-                LEFT JOIN pipeline_stages AS us
-                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
-                WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0
-            )
-    ) AS oldest_created_at_ms,
+    ) AS claimable,
     (
         SELECT count(*)
         FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
