@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.server import PIPELINE, Client, Server
+from tests.server import PIPELINE, Client, Response, Server
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +78,20 @@ def pipeline_with_roles(client: Client) -> tuple[str, str, str]:
         },
     }
     return create_pipeline(client, definition), coder, reviewer
+
+
+def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
+    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
+    r = client.post("/tasks", body)
+    assert r.status == 201, r.body
+    return str(r.json["id"])
+
+
+def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
+    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
+
+
+def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
+    r = claim(client, role, agent, **fields)
+    assert r.status == 200, (r.status, r.body)
+    return dict(r.json)

@@ -204,6 +204,25 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+# The Task object's keys, in the original's order (contract §4.2).
+TASK_FIELDS = [
+    "id",
+    "pipeline_id",
+    "stage",
+    "title",
+    "description",
+    "priority",
+    "metadata",
+    "task_version",
+    "next_eligible_at_ms",
+    "retry_delay_ms",
+    "max_attempts",
+    "dead_letter_stage",
+    "dead_letter_reason",
+    "created_at_ms",
+    "updated_at_ms",
+]
+
 PIPELINE = {
     "initial": "todo",
     "states": {

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pipeline_with_roles, unique
+from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
@@ -21,23 +21,6 @@ FAILURE_KEYS = {"attempt", "run_id", "status", "error", "ended_at_ms"}
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
-
-
-def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
-
-
-def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
-    r = claim(client, role, agent, **fields)
-    assert r.status == 200, (r.status, r.body)
-    return dict(r.json)
 
 
 def put_checkpoint(client: Client, lease: dict[str, Any], patch: Any, **fields: Any) -> Response:

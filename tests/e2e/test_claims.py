@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles, unique
-from tests.server import Client, Response
+from tests.conftest import claim, create_pipeline, make_task, pipeline_with_roles, unique
+from tests.server import TASK_FIELDS, Client, Response
 
 pytestmark = pytest.mark.e2e
 
@@ -27,38 +27,11 @@ RUN_KEYS = {
     "started_at_ms",
     "ended_at_ms",
 }
-TASK_KEYS = {
-    "id",
-    "pipeline_id",
-    "stage",
-    "title",
-    "description",
-    "priority",
-    "metadata",
-    "task_version",
-    "next_eligible_at_ms",
-    "retry_delay_ms",
-    "max_attempts",
-    "dead_letter_stage",
-    "dead_letter_reason",
-    "created_at_ms",
-    "updated_at_ms",
-}
+TASK_KEYS = set(TASK_FIELDS)
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
-
-
-def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
 
 
 def claimed_id(r: Response) -> str:

@@ -12,29 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pipeline_with_roles, unique
+from tests.conftest import claimed, make_task, pipeline_with_roles
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
 
 SHORT_TTL = 300
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
-
-
-def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
-
-
-def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
-    r = claim(client, role, agent, **fields)
-    assert r.status == 200, (r.status, r.body)
-    return dict(r.json)
 
 
 def task(client: Client, task_id: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pipeline_with_roles, unique
+from tests.conftest import make_task, pipeline_with_roles
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
@@ -21,13 +21,6 @@ DEAD_LETTER_ELIGIBLE_AT = 9223372036854775000
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
 
 
 def claim(client: Client, role: str, agent: str, **fields: Any) -> Response:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pipeline_with_roles, unique
+from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
@@ -24,23 +24,6 @@ PROMPT_S = 3.0  # a woken claim answers well within this after its trigger
 SETTLE_S = 0.3  # time for a long-poll claim to reach the server and start waiting
 
 Waiting = Future[tuple[Response, float]]
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
-
-
-def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
-
-
-def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
-    r = claim(client, role, agent, **fields)
-    assert r.status == 200, (r.status, r.body)
-    return dict(r.json)
 
 
 def transition(client: Client, lease: dict[str, Any], trigger: str) -> None:

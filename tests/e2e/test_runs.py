@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles, unique
+from tests.conftest import create_pipeline, make_task, pipeline_with_roles, unique
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
@@ -20,13 +20,6 @@ UNKNOWN_RUN = "00000000-0000-4000-8000-000000000000"
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
 
 
 class Lease:

@@ -10,29 +10,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles, unique
+from tests.conftest import claim, claimed, create_pipeline, make_task, pipeline_with_roles, unique
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
 
 DEFAULT_TTL_MS = 300_000
-
-
-def make_task(client: Client, pipeline_id: str, **fields: Any) -> str:
-    body = {"pipeline_id": pipeline_id, "title": unique("task"), "description": "", **fields}
-    r = client.post("/tasks", body)
-    assert r.status == 201, r.body
-    return str(r.json["id"])
-
-
-def claim(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
-
-
-def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) -> dict[str, Any]:
-    r = claim(client, role, agent, **fields)
-    assert r.status == 200, (r.status, r.body)
-    return dict(r.json)
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:

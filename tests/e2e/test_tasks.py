@@ -10,28 +10,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import create_pipeline, pipeline_with_roles, unique
-from tests.server import Client, Response
+from tests.server import TASK_FIELDS, Client, Response
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 CURSOR = re.compile(r"^-?\d+:.+$")
 MISSING = "00000000-0000-4000-8000-000000000000"
-TASK_FIELDS = [
-    "id",
-    "pipeline_id",
-    "stage",
-    "title",
-    "description",
-    "priority",
-    "metadata",
-    "task_version",
-    "next_eligible_at_ms",
-    "retry_delay_ms",
-    "max_attempts",
-    "dead_letter_stage",
-    "dead_letter_reason",
-    "created_at_ms",
-    "updated_at_ms",
-]
 # A pipeline whose initial stage is terminal: its tasks count as resolved dependencies at once.
 FINISHED = {
     "initial": "done",
