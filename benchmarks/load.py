@@ -1,16 +1,24 @@
 """The load client: agents that loop claim -> event -> transition over keep-alive connections.
 
-Each client process runs its share of the agents on one asyncio loop with raw streams and
-pre-encoded requests, so that the client stays cheap next to the server it measures. Every
-process reports the tasks it completed, its latencies per endpoint and its own CPU time.
+Two implementations of the same agent loop. The native one (loadgen.c, built here with the
+system's C compiler) spends a few microseconds per request; the Python one (one asyncio loop
+per process, raw streams, pre-encoded requests) spends tens, which on a 2-core machine is CPU
+the server under test no longer has. The native one is used whenever it can be built. Every
+client process reports the tasks it completed, its latencies per endpoint and its own CPU time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 
@@ -120,20 +128,82 @@ def _process(port: int, names: list[str], role: str, trigger: str, start: float)
     return report
 
 
+SOURCE = Path(__file__).with_name("loadgen.c")
+
+
+def native_client() -> Path | None:
+    """The built native client (cached by the hash of its source), or None without a compiler
+    or when NULLTICKETS_BENCH_CLIENT=python asks for the Python one."""
+    if os.environ.get("NULLTICKETS_BENCH_CLIENT") == "python" or os.name != "posix":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    binary = Path(tempfile.gettempdir()) / f"nulltickets-loadgen-{digest}"
+    if not binary.exists():
+        partial = binary.with_suffix(f".{os.getpid()}.tmp")
+        built = subprocess.run(
+            [compiler, "-O2", "-o", str(partial), str(SOURCE)], capture_output=True, text=True
+        )
+        if built.returncode != 0:
+            print(f"native load client did not build, using the Python one:\n{built.stderr}")
+            return None
+        partial.replace(binary)
+    return binary
+
+
+def _native(
+    binary: Path, port: int, shares: list[int], role: str, trigger: str
+) -> tuple[list[AgentReport], float]:
+    """Run the native client processes; returns their reports and the agreed start time."""
+    start = time.time() + 0.5  # every process connects, then waits for this moment
+    procs = [
+        subprocess.Popen(
+            [str(binary), str(port), str(n), role, trigger, repr(start), f"agent{k}"],
+            stdout=subprocess.PIPE,
+        )
+        for k, n in enumerate(shares)
+    ]
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"native load client failed with exit status {proc.returncode}")
+        raw = msgspec.json.decode(out)
+        reports.append(
+            AgentReport(
+                completed=raw["completed"],
+                latencies={e: [us / 1e6 for us in raw["latencies_us"][e]] for e in ENDPOINTS},
+                errors=raw["errors"],
+                cpu_s=raw["cpu_s"],
+            )
+        )
+    return reports, start
+
+
 def run_agents(
     port: int, agents: int, role: str, trigger: str, processes: int
 ) -> tuple[AgentReport, float]:
     """Run `agents` agents spread over `processes` client processes until the queue is empty.
     Returns the merged report and the wall time."""
     processes = max(1, min(processes, agents))
-    names = [f"agent-{i}" for i in range(agents)]
-    shares = [names[i::processes] for i in range(processes)]
-    ctx = multiprocessing.get_context("spawn")
-    start = time.time() + 1.5  # spawn and import time, outside the measured stretch
-    with ctx.Pool(processes) as pool:
-        results = [pool.apply_async(_process, (port, s, role, trigger, start)) for s in shares]
-        reports = [r.get() for r in results]
-    wall = time.time() - start
+    binary = native_client()
+    if binary is not None:
+        shares = [len(range(i, agents, processes)) for i in range(processes)]
+        reports, start = _native(binary, port, shares, role, trigger)
+        wall = time.time() - start
+    else:
+        names = [f"agent-{i}" for i in range(agents)]
+        name_shares = [names[i::processes] for i in range(processes)]
+        ctx = multiprocessing.get_context("spawn")
+        start = time.time() + 1.5  # spawn and import time, outside the measured stretch
+        with ctx.Pool(processes) as pool:
+            results = [
+                pool.apply_async(_process, (port, s, role, trigger, start)) for s in name_shares
+            ]
+            reports = [r.get() for r in results]
+        wall = time.time() - start
     merged = AgentReport()
     for r in reports:
         merged.completed += r.completed
