@@ -9,7 +9,6 @@ import json
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from nulltickets.domain.commands import (
     WriteCheckpoint,
     compact_json,
 )
+from nulltickets.domain.ids import new_id
 from nulltickets.domain.model import (
     AgentReleased,
     Artifact,
@@ -100,10 +100,6 @@ _encode = msgspec.json.encode
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
 
 
 def _json(value: Any) -> str:

@@ -1,0 +1,38 @@
+"""Ids: the 36-character UUID shape clients know, version 7, ordered by creation time."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from nulltickets.domain.ids import new_id
+
+SHAPE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def test_an_id_is_a_version_7_rfc_uuid_in_canonical_form() -> None:
+    for _ in range(2000):
+        value = new_id()
+        assert SHAPE.match(value), value
+        parsed = uuid.UUID(value)
+        assert parsed.version == 7
+        assert parsed.variant == uuid.RFC_4122
+        assert str(parsed) == value
+
+
+def test_the_prefix_is_the_creation_time_in_milliseconds() -> None:
+    before = time.time_ns() // 1_000_000
+    value = new_id()
+    after = time.time_ns() // 1_000_000
+    stamp = int(value.replace("-", "")[:12], 16)
+    assert before <= stamp <= after
+
+
+def test_ids_of_later_milliseconds_sort_after_earlier_ones_and_never_repeat() -> None:
+    first = new_id()
+    time.sleep(0.002)
+    second = new_id()
+    assert first < second
+    many = {new_id() for _ in range(20_000)}
+    assert len(many) == 20_000
