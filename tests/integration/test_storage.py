@@ -87,6 +87,36 @@ def test_queue_report_counts_start_from_live_state_not_from_all_tasks(tmp_path: 
     assert any("idx_runs_status" in d for d in details)
 
 
+DROPPED = {
+    "idx_tasks_stage",
+    "idx_tasks_pipeline",
+    "idx_runs_task",
+    "idx_tasks_priority_created",
+    "idx_tasks_next_eligible",
+    "idx_tasks_dead_letter_reason",
+}
+
+
+def test_no_query_needs_the_indexes_migration_0004_drops(tmp_path: Path) -> None:
+    """Every named query plans without a table scan of tasks or runs (a per-stage count may
+    walk a covering index) once the redundant and unused indexes are gone, and the foreign
+    keys that reach tasks and runs stay indexed."""
+    conn = connection.connect_writer(str(tmp_path / "idx.db"))
+    connection.migrate(conn)
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'index'")}
+    assert not names & DROPPED
+    for name, sql in Q.items():
+        plan = conn.execute("EXPLAIN QUERY PLAN " + sql, dict.fromkeys(_params(sql))).fetchall()
+        for row in plan:
+            full_scan = row[3].startswith(("SCAN tasks", "SCAN runs"))
+            assert not full_scan or "COVERING INDEX" in row[3], (name, row[3])
+    # Deleting a pipeline or a task looks up its children by these indexes' first column.
+    fk_ready = {r[0] for r in conn.execute("SELECT sql FROM sqlite_schema WHERE type = 'index'")}
+    assert any("tasks(pipeline_id" in (s or "") for s in fk_ready)
+    assert any("runs(task_id" in (s or "") for s in fk_ready)
+    conn.close()
+
+
 def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Database) -> None:
     tracker = Tracker()
     pid, _ = seed(db, tracker, 0)
