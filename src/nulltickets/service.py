@@ -417,7 +417,7 @@ class Tracker:
         )
         run_id, lease_id = new_id(), new_id()
         attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now, lease_id)
-        fence = b.bump_fence(task.id)
+        fence, checkpoint_json = b.bump_fence(task.id)
         token, token_hash = new_lease_token()
         expires = now + ttl
         self._next_expiry = min(self._next_expiry, expires)
@@ -434,7 +434,7 @@ class Tracker:
         run = Run(
             run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
         )
-        checkpoint, _ = self._resume(b, task.id)
+        checkpoint = msgspec.Raw(checkpoint_json if checkpoint_json is not None else b"null")
         claimed = ClaimedTask(
             **msgspec.structs.asdict(task),
             available_transitions=self._available(b, task),

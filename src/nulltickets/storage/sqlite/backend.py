@@ -194,8 +194,11 @@ class SqliteBackend:
     def retry_delay_set(self, id: str) -> bool:
         return bool(self._value("retry_delay_set", {"id": id}))
 
-    def bump_fence(self, id: str) -> int:
-        return int(self._value("bump_fence", {"id": id}))
+    def bump_fence(self, id: str) -> tuple[int, str | None]:
+        """Raise a task's fence; (the new fence, its checkpoint JSON or None)."""
+        row = self._one("bump_fence", {"id": id})
+        assert row is not None  # the claimed task exists in this transaction
+        return int(row[0]), row[1]
 
     def task_fence_of_run(self, run_id: str) -> int | None:
         value: int | None = self._value("task_fence_of_run", {"run_id": run_id})

@@ -51,7 +51,8 @@ LIMIT :limit;
 SELECT retry_delay_set FROM tasks WHERE id = :id;
 
 -- bump_fence --
-UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence;
+-- A claim raises the task's fence and reads back what the agent needs to resume, in one go.
+UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence, checkpoint_json;
 
 -- task_fence_of_run --
 SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.id = :run_id;
