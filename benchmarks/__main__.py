@@ -7,8 +7,10 @@ Sections:
   ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks
   core        claim+transition cycles/s in-process, without HTTP, per core implementation
 
-No figure is asserted: machines are shared and noisy. The client measures its own CPU, and the
-table says when it, not the server, was the bottleneck.
+No figure is asserted: machines are shared and noisy. The agents are the native load client
+(benchmarks/loadgen.c, built with the system's C compiler) where one can be built, else the
+Python one; the client measures its own CPU, and the table says when it, not the server, was
+the bottleneck.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import BenchServer, bulk_load, create_pipeline
-from benchmarks.load import ENDPOINTS, run_agents
+from benchmarks.load import ENDPOINTS, native_client, run_agents
 from benchmarks.seed import measure_claims, measure_ops_queue, seed_database
 
 
@@ -53,6 +55,7 @@ def machine() -> dict[str, Any]:
         "apsw": apsw.apsw_version(),
         "granian": granian.__version__,
         "msgspec": msgspec.__version__,
+        "load_client": "native (C)" if native_client() is not None else "python",
     }
 
 
@@ -102,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
     quick = args.quick
     agents_list = (1, 4) if quick else (1, 4, 16, 64)
-    tasks = 200 if quick else 6000
+
+    def tasks_for(agents: int) -> int:
+        """Enough tasks for several seconds of load at each concurrency."""
+        return max(agents * 20, 200) if quick else min(20_000, max(3_000, agents * 1_500))
+
     big = 2_000 if quick else 100_000
     small = 100 if quick else 1_000
     results: dict[str, Any] = {"machine": machine(), "quick": quick, "started": time.time()}
@@ -112,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         print("HTTP agent cycle (claim -> event -> transition), durability normal", flush=True)
         results["cycle"] = []
         for agents in agents_list:
-            r = cycle(work, agents, max(tasks, agents * 20), "normal")
+            r = cycle(work, agents, tasks_for(agents), "normal")
             results["cycle"].append(r)
             print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
 
         print("Durability", flush=True)
         dur_agents = 4 if quick else 16
-        results["durability"] = {d: cycle(work, dur_agents, tasks, d) for d in ("full", "normal")}
+        results["durability"] = {
+            d: cycle(work, dur_agents, tasks_for(dur_agents), d) for d in ("full", "normal")
+        }
 
         print("Backlog scaling", flush=True)
         claims = 40 if quick else 300
@@ -176,7 +185,8 @@ def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
         f"nulltickets {m['nulltickets']} (core: {m['core']}), Python {m['python']}, "
-        f"SQLite {m['sqlite']}, granian {m['granian']}, {m['cpus']} CPUs, {m['machine']}",
+        f"SQLite {m['sqlite']}, granian {m['granian']}, {m['cpus']} CPUs, {m['machine']}, "
+        f"load client {m.get('load_client', 'python')}",
         "",
         "| agents | durability | cycles/s | req/s | claim p50/p99 ms | event p99 ms | "
         "transition p99 ms | server CPU | client CPU | peak RSS MB | exactly once |",
