@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,10 @@ def make_server(tmp_path: Path) -> Iterator[Any]:
     yield make
     for server in servers:
         server.stop()
+
+
+# The shape of every id the server hands out: a version-7 UUID (domain/ids.py).
+ID_SHAPE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
 def unique(prefix: str = "x") -> str:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles
+from tests.conftest import ID_SHAPE, create_pipeline, pipeline_with_roles
 from tests.server import Client
 
-UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 MISSING = "00000000-0000-4000-8000-000000000000"
 FIELDS = ["id", "task_id", "run_id", "created_at_ms", "kind", "uri", "sha256", "size_bytes", "meta"]
 
@@ -54,7 +52,7 @@ def test_create_returns_201_with_an_id_and_lists_defaults(client: Client) -> Non
     task_id = new_task(client)
     r = client.post("/artifacts", {"task_id": task_id, "kind": "diff", "uri": "s3://b/k"})
     assert r.status == 201
-    assert list(r.json) == ["id"] and UUID.match(r.json["id"])
+    assert list(r.json) == ["id"] and ID_SHAPE.match(r.json["id"])
     (item,) = listed(client, f"task_id={task_id}")
     assert list(item) == FIELDS
     assert item["id"] == r.json["id"]

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, unique
+from tests.conftest import ID_SHAPE, create_pipeline, unique
 from tests.server import PIPELINE, Client, Server
-
-UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
 def compact(value: Any) -> str:
@@ -45,7 +42,7 @@ def test_create_returns_201_with_a_uuid_and_get_returns_the_pipeline(client: Cli
     r = post_pipeline(client, PIPELINE, name)
     assert r.status == 201
     assert list(r.json) == ["id"]
-    assert UUID.match(r.json["id"])
+    assert ID_SHAPE.match(r.json["id"])
 
     got = client.get(f"/pipelines/{r.json['id']}")
     assert got.status == 200

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles, unique
+from tests.conftest import ID_SHAPE, create_pipeline, pipeline_with_roles, unique
 from tests.server import TASK_FIELDS, Client, Response
 
-UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 CURSOR = re.compile(r"^-?\d+:.+$")
 MISSING = "00000000-0000-4000-8000-000000000000"
 # A pipeline whose initial stage is terminal: its tasks count as resolved dependencies at once.
@@ -74,7 +73,7 @@ def test_create_returns_an_id_and_the_task_starts_with_defaults(client: Client) 
     pipeline_id = create_pipeline(client)
     r = client.post("/tasks", task_body(pipeline_id))
     assert r.status == 201
-    assert list(r.json) == ["id"] and UUID.match(r.json["id"])
+    assert list(r.json) == ["id"] and ID_SHAPE.match(r.json["id"])
     task = client.get(f"/tasks/{r.json['id']}").json
     assert list(task)[: len(TASK_FIELDS)] == TASK_FIELDS
     assert task["pipeline_id"] == pipeline_id

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 
 from nulltickets.domain.ids import new_id
-
-SHAPE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+from tests.conftest import ID_SHAPE
 
 
 def test_an_id_is_a_version_7_rfc_uuid_in_canonical_form() -> None:
     for _ in range(2000):
         value = new_id()
-        assert SHAPE.match(value), value
+        assert ID_SHAPE.match(value), value
         parsed = uuid.UUID(value)
         assert parsed.version == 7
         assert parsed.variant == uuid.RFC_4122
