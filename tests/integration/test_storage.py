@@ -84,7 +84,7 @@ def test_queue_report_counts_start_from_live_state_not_from_all_tasks(tmp_path: 
     assert task_access
     assert all("(pipeline_id=? AND stage=?)" in d or "(id=?)" in d for d in task_access)
     assert any("idx_leases_expires" in d for d in details)
-    assert any("idx_runs_status" in d for d in details)
+    assert any("idx_runs_running" in d for d in details)
 
 
 DROPPED = {
@@ -94,10 +94,12 @@ DROPPED = {
     "idx_tasks_priority_created",
     "idx_tasks_next_eligible",
     "idx_tasks_dead_letter_reason",
+    "idx_runs_status",  # 0005: replaced by idx_runs_running
+    "idx_runs_task_status",
 }
 
 
-def test_no_query_needs_the_indexes_migration_0004_drops(tmp_path: Path) -> None:
+def test_no_query_needs_the_indexes_migrations_0004_and_0005_drop(tmp_path: Path) -> None:
     """Every named query plans without a table scan of tasks or runs (a per-stage count may
     walk a covering index) once the redundant and unused indexes are gone, and the foreign
     keys that reach tasks and runs stay indexed."""
@@ -110,10 +112,18 @@ def test_no_query_needs_the_indexes_migration_0004_drops(tmp_path: Path) -> None
         for row in plan:
             full_scan = row[3].startswith(("SCAN tasks", "SCAN runs"))
             assert not full_scan or "COVERING INDEX" in row[3], (name, row[3])
-    # Deleting a pipeline or a task looks up its children by these indexes' first column.
-    fk_ready = {r[0] for r in conn.execute("SELECT sql FROM sqlite_schema WHERE type = 'index'")}
-    assert any("tasks(pipeline_id" in (s or "") for s in fk_ready)
-    assert any("runs(task_id" in (s or "") for s in fk_ready)
+    # Deleting a pipeline or a task looks up its children by an index (not a partial one)
+    # that starts with the foreign key.
+    for table, column in (("tasks", "pipeline_id"), ("runs", "task_id")):
+        leading = [
+            index
+            for _seq, index, _unique, _origin, partial in conn.execute(
+                f"PRAGMA index_list({table})"
+            )
+            if not partial
+            and conn.execute(f"PRAGMA index_info({index})").fetchall()[0][2] == column
+        ]
+        assert leading, (table, column)
     conn.close()
 
 
@@ -235,3 +245,4 @@ def test_a_write_lock_held_by_another_process_becomes_storage_busy(tmp_path: Pat
         other.close()
     assert database.write_sync(lambda b: b.purge_idempotency(0)) == 0
     database.close()
+

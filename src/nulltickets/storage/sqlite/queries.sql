@@ -213,7 +213,7 @@ SELECT min(expires_at_ms) FROM leases;
 -- Tasks (any pipeline) in a stage of this name that hold a live lease.
 SELECT count(*)
 FROM runs AS r
-JOIN tasks AS t ON t.id = r.task_id
+CROSS JOIN tasks AS t ON t.id = r.task_id  -- from the few running runs, not the stage's tasks
 WHERE r.status = 'running' AND t.stage = :stage;
 
 -- claim_candidate --
