@@ -131,9 +131,17 @@ class Tracker:
         # long-polling claims. A signal from a batch that rolled back only causes a recheck.
         self.signalling = False
         self.signals: list[tuple[str, int]] = []
+        # Long-poll claims in progress (the server counts them from before their first attempt
+        # to their return). With none, a "work now" signal has nobody to wake: every later
+        # claim looks at the committed state first. Signals for later (retry delays) are kept.
+        self.long_polls = 0
+
+    @property
+    def _listening(self) -> bool:
+        return self.signalling and self.long_polls > 0
 
     def _signal(self, b: Backend, pipeline_id: str, stage: str, at: int = 0) -> None:
-        if not self.signalling:
+        if not self.signalling or (at == 0 and not self.long_polls):
             return
         pipeline = self._definition(b, pipeline_id)
         state = pipeline.states.get(stage) if pipeline is not None else None
@@ -385,7 +393,7 @@ class Tracker:
                 "dead_letter_stage": target,
             }
             b.insert_event(run_id, "dead_letter", _json(data), now)
-            if self.signalling and target is not None and pipeline is not None:
+            if self._listening and target is not None and pipeline is not None:
                 self._signal(b, task.pipeline_id, target)
                 if pipeline.is_terminal(target):  # dependents count this as resolved
                     for pipeline_id, stage in b.dependent_stages(task.id):
@@ -569,7 +577,7 @@ class Tracker:
             "instructions": instructions or "",
         }
         b.insert_event(lease.run_id, "transition", _json(data), now)
-        if self.signalling:
+        if self._listening:
             self._signal(b, lease.pipeline_id, lease.stage)  # capacity freed in the old stage
             self._signal(b, lease.pipeline_id, move.to_stage)  # new work in the new one
             if pipeline.is_terminal(move.to_stage):  # dependents may be unblocked

@@ -9,7 +9,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask
+from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask, MoveTask
+from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import StorageBusy, TaskNotFound
 from nulltickets.service import Tracker, now_ms
 from nulltickets.storage.sqlite import connection
@@ -246,3 +247,26 @@ def test_a_write_lock_held_by_another_process_becomes_storage_busy(tmp_path: Pat
     assert database.write_sync(lambda b: b.purge_idempotency(0)) == 0
     database.close()
 
+
+def test_transitions_signal_wake_ups_only_while_a_long_poll_listens(db: Database) -> None:
+    """A "work is here now" signal has an audience only while some claim is long-polling
+    (every other claim reads the committed state first), so a transition skips them, and the
+    dependents lookup they need, when none is."""
+    tracker = Tracker()
+    tracker.signalling = True
+    seed(db, tracker, 2)
+    tracker.signals.clear()
+
+    def claim_and_submit(b):  # type: ignore[no-untyped-def]
+        now = now_ms()
+        result = tracker.claim(b, Claim("agent", "coder"), now)
+        assert result is not None
+        token_hash = lease_token_hash(result.lease_token)
+        lease = tracker.check_run_lease(b, result.run.id, token_hash, now)
+        tracker.transition(b, lease, MoveTask("submit"), now)
+
+    db.write_sync(claim_and_submit)
+    assert tracker.signals == []
+    tracker.long_polls = 1
+    db.write_sync(claim_and_submit)
+    assert sorted(tracker.signals) == [("coder", 0), ("reviewer", 0)]

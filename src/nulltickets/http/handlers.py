@@ -284,15 +284,19 @@ async def claim(ctx: Context, req: Request) -> Reply:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     role = command.agent_role
-    while True:
-        generation = ctx.wakeups.generation(role)
-        reply = await ctx.write(req, execute, redact=redact, revive=revive)
-        remaining = deadline - loop.time()
-        if reply.status != 204 or remaining <= 0:
-            return reply
-        connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
-        if not connected:  # nobody would receive a lease claimed now
-            return reply
+    ctx.tracker.long_polls += 1  # from before the first attempt: see Tracker.long_polls
+    try:
+        while True:
+            generation = ctx.wakeups.generation(role)
+            reply = await ctx.write(req, execute, redact=redact, revive=revive)
+            remaining = deadline - loop.time()
+            if reply.status != 204 or remaining <= 0:
+                return reply
+            connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
+            if not connected:  # nobody would receive a lease claimed now
+                return reply
+    finally:
+        ctx.tracker.long_polls -= 1
 
 
 def _lease_hash(req: Request) -> bytes:
