@@ -540,8 +540,25 @@ class Tracker:
 
     # --- runs ----------------------------------------------------------------------------------
 
-    def append_event(self, b: Backend, run_id: str, cmd: AppendEvent, now: int) -> int:
-        return b.insert_event(run_id, cmd.kind, compact_json(cmd.data, "{}") or "{}", now)
+    def append_event(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: AppendEvent, now: int
+    ) -> int:
+        """Record an event under the run's lease. With the lease in order (nearly always) that
+        is one statement; otherwise `check_run_lease` says what is wrong with it."""
+        try:
+            data = compact_json(cmd.data, "{}") or "{}"
+        except InvalidJson:
+            self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+            raise  # a lease error, if any, comes first
+        event_id = b.insert_event_under_lease(
+            run_id, token_hash, cmd.expected_fence, cmd.kind, data, now
+        )
+        if event_id is None:
+            self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+            # The lease passed the check the statement refused (a stored hash SQL compares
+            # differently): the check is the authority.
+            event_id = b.insert_event(run_id, cmd.kind, data, now)
+        return event_id
 
     def list_events(
         self, b: Backend, run_id: str, after: int, limit: int

@@ -331,8 +331,12 @@ async def append_event(ctx: Context, req: Request) -> Reply:
     command = decode_later(cmd.AppendEvent, req.body)
 
     def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        return ok(201, EventIdBody(ctx.tracker.append_event(b, run_id, command(), now)))
+        try:
+            event = command()
+        except InvalidJson:  # the lease's errors come before the body's
+            ctx.tracker.check_run_lease(b, run_id, token_hash, now)
+            raise
+        return ok(201, EventIdBody(ctx.tracker.append_event(b, run_id, token_hash, event, now)))
 
     return await ctx.write(req, execute, auth_hash=token_hash)
 

@@ -143,6 +143,18 @@ class Backend(Protocol):
 
     def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int: ...
 
+    def insert_event_under_lease(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        kind: str,
+        data_json: str,
+        now: int,
+    ) -> int | None:
+        """Insert the event only if the run's live lease matches; its id, or None."""
+        ...
+
     def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]: ...
 
     def end_run(

@@ -336,6 +336,27 @@ class SqliteBackend:
         )
         return int(self.conn.last_insert_rowid())
 
+    def insert_event_under_lease(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        kind: str,
+        data_json: str,
+        now: int,
+    ) -> int | None:
+        return self._value(  # type: ignore[no-any-return]
+            "insert_event_under_lease",
+            {
+                "run_id": run_id,
+                "token_hash": token_hash,
+                "fence": fence,
+                "kind": kind,
+                "data_json": data_json,
+                "now": now,
+            },
+        )
+
     def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
         rows = self._all("list_events", {"run_id": run_id, "after_id": after_id, "limit": limit})
         return [Event(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]

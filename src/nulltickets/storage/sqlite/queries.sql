@@ -336,6 +336,20 @@ DELETE FROM leases WHERE id = :id;
 INSERT INTO events (run_id, ts_ms, kind, data_json)
 VALUES (:run_id, :now, :kind, :data_json);
 
+-- insert_event_under_lease --
+-- The event, only if the run's lease is held with this token, is live and (when one is given)
+-- still has this fence: the lease check and the write in one statement. No row back means one
+-- of those failed; the caller then finds out which.
+INSERT INTO events (run_id, ts_ms, kind, data_json)
+SELECT :run_id, :now, :kind, :data_json
+FROM leases AS l
+WHERE l.run_id = :run_id
+    AND l.token_hash = :token_hash
+    AND l.expires_at_ms > :now
+    AND (:fence IS NULL OR l.fence = :fence)
+LIMIT 1
+RETURNING id;
+
 -- list_events --
 SELECT id, run_id, ts_ms, kind, data_json
 FROM events
