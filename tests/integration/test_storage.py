@@ -9,7 +9,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask, MoveTask
+from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, CreateTask, MoveTask
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import StorageBusy, TaskNotFound
 from nulltickets.service import Tracker, now_ms
@@ -270,3 +270,34 @@ def test_transitions_signal_wake_ups_only_while_a_long_poll_listens(db: Database
     tracker.long_polls = 1
     db.write_sync(claim_and_submit)
     assert sorted(tracker.signals) == [("coder", 0), ("reviewer", 0)]
+
+
+def test_the_claim_cycle_runs_on_statements_prepared_once(db: Database) -> None:
+    """Once warm, batches of claims, events and transitions never parse SQL again (apsw's
+    statement cache, at its default size, evicted them every few cycles)."""
+    tracker = Tracker()
+    seed(db, tracker, 16 * 41)
+
+    async def agent(n: int) -> None:
+        result = await db.write(lambda b: tracker.claim(b, Claim(f"a{n}", "coder"), now_ms()))
+        assert result is not None
+        run_id, token_hash = result.run.id, lease_token_hash(result.lease_token)
+        event = AppendEvent("progress")
+        await db.write(lambda b: tracker.append_event(b, run_id, token_hash, event, now_ms()))
+
+        def submit(b):  # type: ignore[no-untyped-def]
+            lease = tracker.check_run_lease(b, run_id, token_hash, now_ms())
+            return tracker.transition(b, lease, MoveTask("submit"), now_ms())
+
+        await db.write(submit)
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            await asyncio.gather(*(agent(i) for i in range(16)))
+
+    asyncio.run(rounds(1))
+    conn = db.writer._conn
+    assert conn is not None
+    before = conn.cache_stats()["misses"]
+    asyncio.run(rounds(40))
+    assert conn.cache_stats()["misses"] == before

@@ -14,6 +14,11 @@ MIN_SQLITE = (3, 51, 0)
 APPLICATION_ID = 0x4E544B54  # "NTKT": marks files nulltickets has migrated
 BUSY_TIMEOUT_MS = 5000
 DURABILITY = {"full": "FULL", "normal": "NORMAL"}
+# apsw puts a statement back into its cache at a rotating slot, evicting whatever sits there.
+# With its default 100 slots the twenty-odd statements of the claim cycle evicted each other
+# about once every three cycles, and each eviction meant parsing and planning the statement
+# again (measured: 6,800 re-prepares in 20,000 cycles). With 512 slots they stay prepared.
+STATEMENT_CACHE = 512
 
 
 def check_sqlite() -> None:
@@ -27,7 +32,7 @@ def check_sqlite() -> None:
 
 def _open(path: str, flags: int) -> apsw.Connection:
     try:
-        return apsw.Connection(path, flags=flags)
+        return apsw.Connection(path, flags=flags, statementcachesize=STATEMENT_CACHE)
     except apsw.CantOpenError as exc:
         raise StartupError(f"cannot open database {path!r}: {exc}") from exc
 
