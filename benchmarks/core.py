@@ -15,6 +15,7 @@ import msgspec
 from benchmarks.harness import PIPELINE
 from nulltickets import core
 from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, CreateTask, MoveTask
+from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.service import Tracker, now_ms
 from nulltickets.storage.sqlite.backend import SqliteBackend
 from nulltickets.storage.sqlite.database import Database
@@ -39,7 +40,8 @@ def _run(db_path: Path, cycles: int) -> float:
         now = now_ms()
         claimed = tracker.claim(b, claim, now)
         assert claimed is not None
-        tracker.append_event(b, claimed.run.id, event, now)
+        token_hash = lease_token_hash(claimed.lease_token)
+        tracker.append_event(b, claimed.run.id, token_hash, event, now)
         lease = b.lease_by_run(claimed.run.id)
         assert lease is not None
         tracker.transition(b, lease, move, now)
