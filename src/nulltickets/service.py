@@ -120,6 +120,7 @@ class Tracker:
 
     def __init__(self) -> None:
         self._pipelines: dict[str, fsm.Pipeline | None] = {}
+        self._transitions: dict[tuple[str, str], list[AvailableTransition]] = {}
         self._lock = threading.Lock()
         # A lower bound of every live lease's expiry (0: unknown). Only the writer touches it;
         # the background janitor recomputes it, so a rolled-back batch cannot leave it wrong.
@@ -236,13 +237,21 @@ class Tracker:
         return [self.create_task(b, cmd, now) for cmd in cmds]
 
     def _available(self, b: Backend, task: Task) -> list[AvailableTransition]:
-        pipeline = self._definition(b, task.pipeline_id)
-        if pipeline is None:
-            return []
-        return [
-            AvailableTransition(t.trigger, t.to_stage, list(t.required_gates))
-            for t in pipeline.transitions_from(task.stage)
-        ]
+        """The transitions out of the task's stage (built once per pipeline and stage: a
+        definition never changes, and responses only encode the list)."""
+        key = (task.pipeline_id, task.stage)
+        found = self._transitions.get(key)
+        if found is None:
+            pipeline = self._definition(b, task.pipeline_id)
+            if pipeline is None:
+                return []
+            found = [
+                AvailableTransition(t.trigger, t.to_stage, list(t.required_gates))
+                for t in pipeline.transitions_from(task.stage)
+            ]
+            with self._lock:
+                self._transitions[key] = found
+        return found
 
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
         task = b.get_task(task_id)
@@ -415,7 +424,13 @@ class Tracker:
             self.reap_expired(b, now)
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
         capped = self._full_pairs(b, cmd.agent_role)
-        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, _json(full), now, _json(capped))
+        task = b.claim_candidate(
+            cmd.agent_role,
+            cmd.agent_id,
+            _json(full) if full else None,
+            now,
+            _json(capped) if capped else None,
+        )
         if task is None:
             return None
         pipeline = self._definition(b, task.pipeline_id)

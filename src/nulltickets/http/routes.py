@@ -55,22 +55,42 @@ class Route:
     def parts(self) -> tuple[str, ...]:
         return tuple(p for p in self.pattern.split("/") if p)
 
-    def match(self, segments: list[str]) -> dict[str, str] | None:
+    @functools.cached_property
+    def _shape(self) -> _Shape:
         parts = self.parts
-        rest = parts[-1].endswith("+}")  # the last parameter takes every remaining segment
-        if len(segments) < len(parts) or (
-            len(segments) > len(parts) and not (self.trailing or rest)
-        ):
+        rest = parts[-1][1:-2] if parts[-1].endswith("+}") else None
+        fixed = parts[:-1] if rest is not None else parts
+        return _Shape(
+            size=len(parts),
+            open_ended=self.trailing or rest is not None,
+            literals=tuple((i, p) for i, p in enumerate(fixed) if not p.startswith("{")),
+            params=tuple((i, p[1:-1]) for i, p in enumerate(fixed) if p.startswith("{")),
+            rest=rest,
+        )
+
+    def match(self, segments: list[str]) -> dict[str, str] | None:
+        shape = self._shape
+        n = len(segments)
+        if n < shape.size or (n > shape.size and not shape.open_ended):
             return None
-        params: dict[str, str] = {}
-        for i, (part, seg) in enumerate(zip(parts, segments, strict=False)):
-            if part.endswith("+}"):
-                params[part[1:-2]] = "/".join(segments[i:])
-            elif part.startswith("{"):
-                params[part[1:-1]] = seg
-            elif part != seg:
+        for i, literal in shape.literals:
+            if segments[i] != literal:
                 return None
+        params = {name: segments[i] for i, name in shape.params}
+        if shape.rest is not None:  # the last parameter takes every remaining segment
+            params[shape.rest] = "/".join(segments[shape.size - 1 :])
         return params
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A pattern taken apart once: which segments must equal what, which are parameters."""
+
+    size: int
+    open_ended: bool  # more segments than parts are allowed
+    literals: tuple[tuple[int, str], ...]
+    params: tuple[tuple[int, str], ...]
+    rest: str | None
 
 
 PAGE = (

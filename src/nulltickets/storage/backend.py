@@ -116,10 +116,13 @@ class Backend(Protocol):
         self,
         agent_role: str,
         agent_id: str,
-        full_stages_json: str,
+        full_stages_json: str | None,
         now: int,
-        full_pairs_json: str = "[]",
-    ) -> Task | None: ...
+        full_pairs_json: str | None = None,
+    ) -> Task | None:
+        """The best claimable task of the role, skipping full stages (JSON arrays of stage
+        names and of [pipeline, stage] pairs; None when there are none)."""
+        ...
 
     def insert_run(
         self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str

@@ -276,9 +276,9 @@ class SqliteBackend:
         self,
         agent_role: str,
         agent_id: str,
-        full_stages_json: str,
+        full_stages_json: str | None,
         now: int,
-        full_pairs_json: str = "[]",
+        full_pairs_json: str | None = None,
     ) -> Task | None:
         params = {
             "agent_role": agent_role,

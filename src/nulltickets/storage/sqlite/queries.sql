@@ -258,10 +258,18 @@ WITH best AS (
         ) AS task_id
     FROM pipeline_stages AS s
     WHERE s.agent_role = :agent_role
-        AND s.stage NOT IN (SELECT value FROM json_each(:full_stages))
-        AND NOT EXISTS (
-            SELECT 1 FROM json_each(:full_pairs) AS f
-            WHERE f.value ->> '$[0]' = s.pipeline_id AND f.value ->> '$[1]' = s.stage
+        -- Stages at their concurrency limit (JSON arrays; NULL when there are none, which
+        -- skips the json_each work on every claim that sets no limit).
+        AND (
+            :full_stages IS NULL
+            OR s.stage NOT IN (SELECT value FROM json_each(:full_stages))
+        )
+        AND (
+            :full_pairs IS NULL
+            OR NOT EXISTS (
+                SELECT 1 FROM json_each(:full_pairs) AS f
+                WHERE f.value ->> '$[0]' = s.pipeline_id AND f.value ->> '$[1]' = s.stage
+            )
         )
 )
 SELECT
