@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,48 @@ def claimed(client: Client, role: str, agent: str = "agent-a", **fields: Any) ->
     r = claim(client, role, agent, **fields)
     assert r.status == 200, (r.status, r.body)
     return dict(r.json)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def task(client: Client, task_id: str) -> dict[str, Any]:
+    r = client.get(f"/tasks/{task_id}")
+    assert r.status == 200, r.body
+    return dict(r.json)
+
+
+def events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    r = client.get(f"/runs/{run_id}/events?limit=1000")
+    assert r.status == 200, r.body
+    return list(r.json["items"])
+
+
+def kinds(client: Client, run_id: str) -> list[str]:
+    return [e["kind"] for e in events(client, run_id)]
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll until probe() returns something truthy; fail with `what` after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_until_stale(client: Client, task_id: str, run_id: str) -> dict[str, Any]:
+    """Wait for the background expiry to mark `run_id` stale; the task's details then."""
+
+    def probe() -> dict[str, Any] | None:
+        details = task(client, task_id)
+        run = details.get("latest_run")
+        if run and run["id"] == run_id and run["status"] == "stale":
+            return details
+        return None
+
+    return dict(wait_for(f"run {run_id} to go stale", probe))

@@ -10,17 +10,24 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique
+from tests.conftest import (
+    claim,
+    claimed,
+    events,
+    kinds,
+    make_task,
+    now_ms,
+    pipeline_with_roles,
+    task,
+    unique,
+    wait_until_stale,
+)
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
 
 SHORT_TTL = 300
 FAILURE_KEYS = {"attempt", "run_id", "status", "error", "ended_at_ms"}
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def put_checkpoint(client: Client, lease: dict[str, Any], patch: Any, **fields: Any) -> Response:
@@ -40,42 +47,6 @@ def fail(client: Client, lease: dict[str, Any], error: str) -> None:
         f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"]
     )
     assert r.status == 200, r.body
-
-
-def task(client: Client, task_id: str) -> dict[str, Any]:
-    r = client.get(f"/tasks/{task_id}")
-    assert r.status == 200, r.body
-    return dict(r.json)
-
-
-def events(client: Client, run_id: str) -> list[dict[str, Any]]:
-    r = client.get(f"/runs/{run_id}/events")
-    assert r.status == 200, r.body
-    return list(r.json["items"])
-
-
-def kinds(client: Client, run_id: str) -> list[str]:
-    return [e["kind"] for e in events(client, run_id)]
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def wait_until_stale(client: Client, task_id: str, run_id: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        details = task(client, task_id)
-        run = details.get("latest_run")
-        return details if run and run["id"] == run_id and run["status"] == "stale" else None
-
-    return dict(wait_for(f"run {run_id} to go stale", probe))
 
 
 # --- writing checkpoints -----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import claim, create_pipeline, make_task, pipeline_with_roles, unique
+from tests.conftest import claim, create_pipeline, make_task, now_ms, pipeline_with_roles, unique
 from tests.server import TASK_FIELDS, Client, Response
 
 pytestmark = pytest.mark.e2e
@@ -28,10 +28,6 @@ RUN_KEYS = {
     "ended_at_ms",
 }
 TASK_KEYS = set(TASK_FIELDS)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def claimed_id(r: Response) -> str:

@@ -5,14 +5,19 @@ with 409 lease_superseded, even when the old lease is long gone (a zombie agent)
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.conftest import claimed, make_task, pipeline_with_roles
+from tests.conftest import (
+    claimed,
+    kinds,
+    make_task,
+    pipeline_with_roles,
+    task,
+    wait_until_stale,
+)
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
@@ -20,40 +25,9 @@ pytestmark = pytest.mark.e2e
 SHORT_TTL = 300
 
 
-def task(client: Client, task_id: str) -> dict[str, Any]:
-    r = client.get(f"/tasks/{task_id}")
-    assert r.status == 200, r.body
-    return dict(r.json)
-
-
-def kinds(client: Client, run_id: str) -> list[str]:
-    r = client.get(f"/runs/{run_id}/events")
-    assert r.status == 200, r.body
-    return [e["kind"] for e in r.json["items"]]
-
-
 def release(client: Client, lease: dict[str, Any]) -> None:
     r = client.post(f"/runs/{lease['run']['id']}/release", token=lease["lease_token"])
     assert r.status == 200, r.body
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def wait_until_stale(client: Client, task_id: str, run_id: str) -> None:
-    def probe() -> bool:
-        run = task(client, task_id).get("latest_run")
-        return bool(run and run["id"] == run_id and run["status"] == "stale")
-
-    wait_for(f"run {run_id} to go stale", probe)
 
 
 def lease_writes(lease: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any]]]:

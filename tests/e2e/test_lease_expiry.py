@@ -5,12 +5,20 @@ a task that kills every agent ends in its dead-letter stage."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.conftest import make_task, pipeline_with_roles
+from tests.conftest import (
+    claim,
+    kinds,
+    make_task,
+    now_ms,
+    pipeline_with_roles,
+    task,
+    wait_for,
+    wait_until_stale,
+)
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
@@ -19,54 +27,11 @@ SHORT_TTL = 300
 DEAD_LETTER_ELIGIBLE_AT = 9223372036854775000
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def claim(client: Client, role: str, agent: str, **fields: Any) -> Response:
-    return client.post("/leases/claim", {"agent_id": agent, "agent_role": role, **fields})
-
-
-def task(client: Client, task_id: str) -> dict[str, Any]:
-    r = client.get(f"/tasks/{task_id}")
-    assert r.status == 200, r.body
-    return dict(r.json)
-
-
-def kinds(client: Client, run_id: str) -> list[str]:
-    r = client.get(f"/runs/{run_id}/events")
-    assert r.status == 200, r.body
-    return [e["kind"] for e in r.json["items"]]
-
-
 def event(client: Client, run_id: str, kind: str) -> dict[str, Any]:
     r = client.get(f"/runs/{run_id}/events")
     found = [e for e in r.json["items"] if e["kind"] == kind]
     assert len(found) == 1, r.json
     return dict(found[0])
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll until probe() returns something truthy; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def wait_until_stale(client: Client, task_id: str, run_id: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        details = task(client, task_id)
-        run = details.get("latest_run")
-        if run and run["id"] == run_id and run["status"] == "stale":
-            return details
-        return None
-
-    return dict(wait_for(f"run {run_id} to go stale", probe))
 
 
 def claim_when_offered(client: Client, role: str, agent: str, **fields: Any) -> Response:

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, make_task, pipeline_with_roles, unique
+from tests.conftest import (
+    create_pipeline,
+    events,
+    make_task,
+    now_ms,
+    pipeline_with_roles,
+    task,
+    unique,
+)
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
@@ -16,10 +24,6 @@ pytestmark = pytest.mark.e2e
 DEAD_LETTER_ELIGIBLE_AT = 9223372036854775000
 VALID_LOOKING = "0123456789abcdef" * 4
 UNKNOWN_RUN = "00000000-0000-4000-8000-000000000000"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Lease:
@@ -68,18 +72,6 @@ def claimed(client: Client, **task_fields: Any) -> tuple[Lease, str, str]:
     lease = claim(client, coder)
     assert lease.task_id == task_id
     return lease, coder, reviewer
-
-
-def task(client: Client, task_id: str) -> dict[str, Any]:
-    r = client.get(f"/tasks/{task_id}")
-    assert r.status == 200, r.body
-    return dict(r.json)
-
-
-def events(client: Client, run_id: str) -> list[dict[str, Any]]:
-    r = client.get(f"/runs/{run_id}/events?limit=1000")
-    assert r.status == 200, r.body
-    return list(r.json["items"])
 
 
 def events_of_kind(client: Client, run_id: str, kind: str) -> list[dict[str, Any]]:

@@ -4,29 +4,24 @@ failures; and task idempotency keys, which make re-running a plan create nothing
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.conftest import claim, claimed, create_pipeline, make_task, pipeline_with_roles, unique
+from tests.conftest import (
+    claim,
+    claimed,
+    create_pipeline,
+    make_task,
+    pipeline_with_roles,
+    unique,
+    wait_for,
+)
 from tests.server import Client, Response
 
 pytestmark = pytest.mark.e2e
 
 DEFAULT_TTL_MS = 300_000
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def claim_when_offered(client: Client, role: str, agent: str) -> dict[str, Any]:
