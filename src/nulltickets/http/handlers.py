@@ -15,7 +15,7 @@ import msgspec
 
 from nulltickets import otlp
 from nulltickets.domain import commands as cmd
-from nulltickets.domain.model import ClaimResult
+from nulltickets.domain.model import ClaimResult, LeaseRow
 from nulltickets.domain.tokens import lease_token_hash, same_token
 from nulltickets.errors import (
     InvalidJson,
@@ -360,54 +360,53 @@ async def list_events(ctx: Context, req: Request) -> Reply:
     return ok(200, {"items": items, "next_cursor": cursor})
 
 
-async def transition(ctx: Context, req: Request) -> Reply:
+async def _under_run_lease(
+    ctx: Context,
+    req: Request,
+    command: Callable[[], T],
+    act: Callable[[Backend, LeaseRow, T, int], Reply],
+) -> Reply:
+    """A write on /runs/{id}/...: the run's lease (and any expected_fence) is checked first,
+    then `act` runs with the lease and the body, which is only then required to be valid."""
     run_id = req.params["id"]
     token_hash = _lease_hash(req)
-    command = decode_later(cmd.MoveTask, req.body)
 
     def execute(b: Backend, now: int) -> Reply:
         lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        return ok(200, ctx.tracker.transition(b, lease, command(), now))
+        return act(b, lease, command(), now)
 
     return await ctx.write(req, execute, auth_hash=token_hash)
+
+
+async def transition(ctx: Context, req: Request) -> Reply:
+    def act(b: Backend, lease: LeaseRow, move: cmd.MoveTask, now: int) -> Reply:
+        return ok(200, ctx.tracker.transition(b, lease, move, now))
+
+    return await _under_run_lease(ctx, req, decode_later(cmd.MoveTask, req.body), act)
 
 
 async def fail(ctx: Context, req: Request) -> Reply:
-    run_id = req.params["id"]
-    token_hash = _lease_hash(req)
-    command = decode_later(cmd.FailRun, req.body)
-
-    def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        ctx.tracker.fail(b, lease, command(), now)
+    def act(b: Backend, lease: LeaseRow, failure: cmd.FailRun, now: int) -> Reply:
+        ctx.tracker.fail(b, lease, failure, now)
         return ok(200, StatusBody("failed"))
 
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    return await _under_run_lease(ctx, req, decode_later(cmd.FailRun, req.body), act)
 
 
 async def write_checkpoint(ctx: Context, req: Request) -> Reply:
-    run_id = req.params["id"]
-    token_hash = _lease_hash(req)
-    command = decode_later(cmd.WriteCheckpoint, req.body)
+    def act(b: Backend, lease: LeaseRow, patch: cmd.WriteCheckpoint, now: int) -> Reply:
+        return ok(200, ctx.tracker.checkpoint(b, lease, patch, now))
 
-    def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        return ok(200, ctx.tracker.checkpoint(b, lease, command(), now))
-
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    return await _under_run_lease(ctx, req, decode_later(cmd.WriteCheckpoint, req.body), act)
 
 
 async def release(ctx: Context, req: Request) -> Reply:
-    run_id = req.params["id"]
-    token_hash = _lease_hash(req)
+    def act(b: Backend, lease: LeaseRow, reason: cmd.ReleaseRun, now: int) -> Reply:
+        return ok(200, ctx.tracker.release(b, lease, reason, now))
+
     # The body is optional: a reason and an expected_fence.
     command = decode_later(cmd.ReleaseRun, req.body) if req.body.strip() else cmd.ReleaseRun
-
-    def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        return ok(200, ctx.tracker.release(b, lease, command(), now))
-
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    return await _under_run_lease(ctx, req, command, act)
 
 
 async def release_agent(ctx: Context, req: Request) -> Reply:
