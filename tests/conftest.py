@@ -123,16 +123,18 @@ def kinds(client: Client, run_id: str) -> list[str]:
     return [e["kind"] for e in events(client, run_id)]
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll until probe() returns something truthy; fail with `what` after the deadline."""
+def wait_for(
+    what: str, probe: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
+) -> Any:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
 
 
 def wait_until_stale(client: Client, task_id: str, run_id: str) -> dict[str, Any]:

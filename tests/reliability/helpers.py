@@ -1,5 +1,5 @@
 """Shared pieces of the reliability suites: looking inside a database file, running agent
-processes, waiting on conditions, and reading raw HTTP off a socket."""
+processes, and reading raw HTTP off a socket."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,7 @@ import apsw
 from tests.reliability.report import REPO
 from tests.server import Response
 
-# --- waiting -----------------------------------------------------------------------------------
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+# --- numbers -----------------------------------------------------------------------------------
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -41,10 +28,6 @@ def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(pct / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # --- responses ---------------------------------------------------------------------------------

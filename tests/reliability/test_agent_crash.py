@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.reliability.helpers import (
     Agent,
     Journals,
@@ -22,7 +23,6 @@ from tests.reliability.helpers import (
     percentile,
     rows,
     start_agent,
-    wait_for,
 )
 from tests.reliability.invariants import check_acknowledged, check_tasks
 from tests.reliability.report import REPO, Recorder, scale

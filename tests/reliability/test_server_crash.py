@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.reliability.helpers import (
     Agent,
     Journals,
@@ -26,7 +27,6 @@ from tests.reliability.helpers import (
     open_db,
     rows,
     start_agent,
-    wait_for,
 )
 from tests.reliability.invariants import check_acknowledged, check_tasks
 from tests.reliability.report import Recorder, scale
