@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from nulltickets.errors import StorageBusy, TaskNotFound
 from nulltickets.service import Tracker, now_ms
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.backend import Q
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.storage.sqlite.database import CHECKPOINT_FRAMES, Database
+from tests.conftest import wait_for
 from tests.server import PIPELINE
 
 
@@ -301,3 +303,74 @@ def test_the_claim_cycle_runs_on_statements_prepared_once(db: Database) -> None:
     before = conn.cache_stats()["misses"]
     asyncio.run(rounds(40))
     assert conn.cache_stats()["misses"] == before
+
+
+def test_checkpoints_run_beside_the_writer_and_the_wal_starts_over(tmp_path: Path) -> None:
+    """The writer's commits never checkpoint; the background thread does, and once the WAL
+    passes its limit the writer finishes a checkpoint so that the file starts over. Nothing
+    written is lost on the way."""
+    path = tmp_path / "ck.db"
+    database = Database(str(path), durability="normal")
+    database.open()
+    writer_conn = database.writer._conn
+    assert writer_conn is not None
+    assert writer_conn.pragma("wal_autocheckpoint") == 0
+    checkpointer = database.writer.checkpointer
+    checkpointer.limit = 2 * CHECKPOINT_FRAMES
+    tracker = Tracker()
+    pid, _ = seed(database, tracker, 1)
+    frames: list[int] = []
+
+    def job(b):  # type: ignore[no-untyped-def]
+        for i in range(25):
+            tracker.create_task(b, CreateTask(pid, f"bulk {i}", "x" * 2000), now_ms())
+
+    jobs = 400
+    for _ in range(jobs):
+        database.write_sync(job)
+        frames.append(checkpointer.frames)
+    wait_for("a background checkpoint", lambda: checkpointer.passes > 0)
+    assert checkpointer.finishes > 0
+    # The WAL started over (its frame count fell back) and never grew far past its limit.
+    assert any(later < earlier for earlier, later in itertools.pairwise(frames))
+    assert max(frames) < 2 * checkpointer.limit
+    database.close()
+    assert not Path(f"{path}-wal").exists()  # the last close copies everything back
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    (count,) = conn.execute("SELECT count(*) FROM tasks").fetchone()  # type: ignore[misc]
+    conn.close()
+    assert count == 1 + jobs * 25
+
+
+def test_a_checkpoint_blocked_by_another_process_does_not_stop_writes(tmp_path: Path) -> None:
+    """Another process's read transaction pins the WAL: checkpoints cannot copy past it, the
+    writer goes on committing, and the WAL starts over once the reader is gone."""
+    path = tmp_path / "pinned.db"
+    database = Database(str(path), durability="normal")
+    database.open()
+    checkpointer = database.writer.checkpointer
+    checkpointer.limit = 2 * CHECKPOINT_FRAMES
+    tracker = Tracker()
+    pid, _ = seed(database, tracker, 1)
+    reader = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM tasks").fetchall()  # holds its snapshot
+
+    def job(b):  # type: ignore[no-untyped-def]
+        for i in range(25):
+            tracker.create_task(b, CreateTask(pid, f"bulk {i}", "x" * 2000), now_ms())
+
+    for _ in range(200):
+        database.write_sync(job)
+    pinned = checkpointer.frames
+    assert pinned > checkpointer.limit  # could not start over while the snapshot was held
+    reader.execute("COMMIT")
+    reader.close()
+    for _ in range(200):
+        database.write_sync(job)
+    assert checkpointer.frames < pinned
+    database.close()
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    (count,) = conn.execute("SELECT count(*) FROM tasks").fetchone()  # type: ignore[misc]
+    conn.close()
+    assert count == 1 + 400 * 25

@@ -11,6 +11,10 @@ read. That is group commit without any thread hand-off on the hot path (measured
 hand-offs cost more than the SQL). Callers without a loop (tools, tests) use `run_sync`, which
 runs a batch of one under the same lock. Reads run on their own connections in a small thread
 pool (apsw releases the GIL inside SQLite), each job inside one read transaction.
+
+WAL checkpoints run on a thread of their own (`Checkpointer`), not inside the commit that
+crosses the threshold as SQLite would do by default: a checkpoint's two fsyncs would otherwise
+stop every request for several milliseconds.
 """
 
 from __future__ import annotations
@@ -72,6 +76,98 @@ class _Locked(Exception):
     """Another process holds the database's write lock: nothing of the batch ran."""
 
 
+CHECKPOINT_FRAMES = 1000  # SQLite's own autocheckpoint threshold
+WAL_LIMIT_FRAMES = 16000  # about 64 MB of WAL: past it, the writer finishes a checkpoint itself
+
+
+class Checkpointer:
+    """Copies the WAL back into the database file on a thread of its own.
+
+    The writer's connection never checkpoints inside a commit; its WAL hook wakes this thread
+    every CHECKPOINT_FRAMES frames instead, and the thread runs a PASSIVE checkpoint on its own
+    connection while the writer goes on committing. Through `execute`, apsw releases the GIL for
+    the whole checkpoint (its `wal_checkpoint()` method holds it, which would stall the event
+    loop just the same).
+
+    SQLite starts the WAL over only at a write that finds every frame already copied back. Under
+    constant load a background pass never quite catches up, so once the WAL passes `limit`
+    frames the writer copies the small remainder itself, between two transactions (`finish`),
+    and the next transaction starts the file over: the WAL stays bounded.
+    """
+
+    def __init__(self, path: str, durability: str, limit: int = WAL_LIMIT_FRAMES) -> None:
+        self.path = path
+        self.durability = durability
+        self.limit = limit
+        self.frames = 0  # frames in the WAL after the last commit
+        self.passes = 0
+        self.finishes = 0
+        self._asked_at = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def attach(self, writer_conn: apsw.Connection) -> None:
+        """Take over checkpointing from `writer_conn` and start the thread."""
+        writer_conn.pragma("wal_autocheckpoint", 0)
+        writer_conn.set_wal_hook(self._on_commit)
+        self._thread = threading.Thread(
+            target=self._run, name="nulltickets-checkpointer", daemon=True
+        )
+        self._thread.start()
+
+    def _on_commit(self, conn: apsw.Connection, name: str, frames: int) -> int:
+        """SQLite's WAL hook, on the writer's thread after each commit: wake the thread every
+        CHECKPOINT_FRAMES new frames."""
+        self.frames = frames
+        if frames < self._asked_at:  # the WAL started over
+            self._asked_at = 0
+        if frames - self._asked_at >= CHECKPOINT_FRAMES:
+            self._asked_at = frames
+            self._wake.set()
+        return apsw.SQLITE_OK
+
+    def _run(self) -> None:
+        conn: apsw.Connection | None = None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                if conn is None:
+                    conn = connection.connect_writer(self.path, self.durability)
+                    conn.set_busy_timeout(0)
+                    conn.pragma("wal_autocheckpoint", 0)
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.passes += 1
+            except Exception as exc:  # locked by another process, disk full: next time
+                log.warning("background checkpoint failed: %s", exc)
+        if conn is not None:
+            conn.close()
+
+    def finish(self, writer_conn: apsw.Connection) -> None:
+        """Between two of the writer's transactions: if the WAL is past its limit, copy what
+        the thread has not yet copied, so that the next transaction starts the file over."""
+        if self.frames < self.limit:
+            return
+        try:
+            # A pass of the thread in progress makes this return at once (busy); next time.
+            row = writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except apsw.Error as exc:
+            log.warning("checkpoint failed: %s", exc)
+            return
+        if row is not None and not row[0]:  # row: (busy, frames in the WAL, frames copied)
+            self.finishes += 1
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 class Writer:
     """Owns the only read-write connection; commits the jobs waiting together.
 
@@ -92,6 +188,7 @@ class Writer:
         self._retry_delay = RETRY_MIN_S
         self.busy_timeout_s = connection.BUSY_TIMEOUT_MS / 1000
         self._after_commit: list[Callable[[], None]] = []
+        self.checkpointer = Checkpointer(path, durability)
         self.batches = 0
         self.jobs = 0
 
@@ -100,6 +197,8 @@ class Writer:
         connection.migrate(self._conn)
         self._conn.set_busy_timeout(0)  # never wait inside SQLite: see the class docstring
         self._backend = SqliteBackend(self._conn)
+        if self.path != ":memory:":
+            self.checkpointer.attach(self._conn)
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
@@ -108,6 +207,7 @@ class Writer:
             self._flush()
             if self._pending:
                 time.sleep(self._retry_delay)
+        self.checkpointer.stop()
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(apsw.Error):
@@ -116,10 +216,13 @@ class Writer:
                 self._conn = None
         if self.batches:
             log.info(
-                "writer committed %d jobs in %d transactions (%.1f per commit)",
+                "writer committed %d jobs in %d transactions (%.1f per commit); "
+                "%d background checkpoints, %d finished by the writer",
                 self.jobs,
                 self.batches,
                 self.jobs / self.batches,
+                self.checkpointer.passes,
+                self.checkpointer.finishes,
             )
 
     def on_commit(self, callback: Callable[[], None]) -> None:
@@ -213,6 +316,8 @@ class Writer:
         with self._lock:
             while todo:
                 todo = self._attempt(jobs, todo, outcomes)
+            if self._conn is not None:
+                self.checkpointer.finish(self._conn)
         done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
         if any(e is None for _r, e in done):
             for callback in self._after_commit:
