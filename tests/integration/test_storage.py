@@ -16,7 +16,7 @@ from nulltickets.errors import StorageBusy, TaskNotFound
 from nulltickets.service import Tracker, now_ms
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.backend import Q
-from nulltickets.storage.sqlite.database import CHECKPOINT_FRAMES, Database
+from nulltickets.storage.sqlite.database import CHECKPOINT_FRAMES, Checkpointer, Database
 from tests.conftest import wait_for
 from tests.server import PIPELINE
 
@@ -374,3 +374,25 @@ def test_a_checkpoint_blocked_by_another_process_does_not_stop_writes(tmp_path: 
     (count,) = conn.execute("SELECT count(*) FROM tasks").fetchone()  # type: ignore[misc]
     conn.close()
     assert count == 1 + 400 * 25
+
+
+def test_failing_checkpoints_are_reported_once_and_their_recovery_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = str(tmp_path / "f.db")
+    checkpointer = Checkpointer(path, "normal", limit=1)
+    checkpointer.frames = 5  # past the limit: every call tries
+    broken = connection.connect_writer(path)
+    broken.close()
+    working = connection.connect_writer(path)
+    with caplog.at_level("WARNING", logger="nulltickets.storage"):
+        for _ in range(3):
+            checkpointer.finish(broken)
+        checkpointer.finish(working)
+        checkpointer.finish(working)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("WAL checkpoint failed")
+    assert messages[1] == "WAL checkpoints succeed again"
+    assert checkpointer.finishes == 2
+    working.close()

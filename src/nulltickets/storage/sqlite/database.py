@@ -103,6 +103,7 @@ class Checkpointer:
         self.passes = 0
         self.finishes = 0
         self._asked_at = 0
+        self._failing = False
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -141,10 +142,23 @@ class Checkpointer:
                     conn.pragma("wal_autocheckpoint", 0)
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self.passes += 1
-            except Exception as exc:  # locked by another process, disk full: next time
-                log.warning("background checkpoint failed: %s", exc)
+            except Exception as exc:  # disk full, I/O error: next time
+                self._failed(exc)
+            else:
+                self._recovered()
         if conn is not None:
             conn.close()
+
+    def _failed(self, exc: BaseException) -> None:
+        """Say so once, not at every attempt, while checkpoints keep failing."""
+        if not self._failing:
+            self._failing = True
+            log.warning("WAL checkpoint failed (the WAL grows until one succeeds): %s", exc)
+
+    def _recovered(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning("WAL checkpoints succeed again")
 
     def finish(self, writer_conn: apsw.Connection) -> None:
         """Between two of the writer's transactions: if the WAL is past its limit, copy what
@@ -155,8 +169,9 @@ class Checkpointer:
             # A pass of the thread in progress makes this return at once (busy); next time.
             row = writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except apsw.Error as exc:
-            log.warning("checkpoint failed: %s", exc)
+            self._failed(exc)
             return
+        self._recovered()
         if row is not None and not row[0]:  # row: (busy, frames in the WAL, frames copied)
             self.finishes += 1
 
