@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
@@ -14,6 +15,7 @@ from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, Crea
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import StorageBusy, TaskNotFound
 from nulltickets.service import Tracker, now_ms
+from nulltickets.storage.backend import Backend
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.backend import Q
 from nulltickets.storage.sqlite.database import CHECKPOINT_FRAMES, Checkpointer, Database
@@ -305,6 +307,16 @@ def test_the_claim_cycle_runs_on_statements_prepared_once(db: Database) -> None:
     assert conn.cache_stats()["misses"] == before
 
 
+def bulk_tasks(tracker: Tracker, pipeline_id: str) -> Callable[[Backend], None]:
+    """A write job of 25 tasks with 2 KB descriptions: some 15 pages of WAL."""
+
+    def job(b: Backend) -> None:
+        for i in range(25):
+            tracker.create_task(b, CreateTask(pipeline_id, f"bulk {i}", "x" * 2000), now_ms())
+
+    return job
+
+
 def test_checkpoints_run_beside_the_writer_and_the_wal_starts_over(tmp_path: Path) -> None:
     """The writer's commits never checkpoint; the background thread does, and once the WAL
     passes its limit the writer finishes a checkpoint so that the file starts over. Nothing
@@ -321,10 +333,7 @@ def test_checkpoints_run_beside_the_writer_and_the_wal_starts_over(tmp_path: Pat
     pid, _ = seed(database, tracker, 1)
     frames: list[int] = []
 
-    def job(b):  # type: ignore[no-untyped-def]
-        for i in range(25):
-            tracker.create_task(b, CreateTask(pid, f"bulk {i}", "x" * 2000), now_ms())
-
+    job = bulk_tasks(tracker, pid)
     jobs = 400
     for _ in range(jobs):
         database.write_sync(job)
@@ -356,10 +365,7 @@ def test_a_checkpoint_blocked_by_another_process_does_not_stop_writes(tmp_path: 
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM tasks").fetchall()  # holds its snapshot
 
-    def job(b):  # type: ignore[no-untyped-def]
-        for i in range(25):
-            tracker.create_task(b, CreateTask(pid, f"bulk {i}", "x" * 2000), now_ms())
-
+    job = bulk_tasks(tracker, pid)
     for _ in range(200):
         database.write_sync(job)
     pinned = checkpointer.frames
