@@ -1,0 +1,99 @@
+"""Starting the server: check the settings, check and migrate the database, run granian."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+
+from nulltickets import __version__, core
+from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
+
+
+def version_line() -> str:
+    return f"nulltickets v{__version__} (core: {core.IMPLEMENTATION})"
+
+
+def bind_address(host: str) -> str:
+    """The IP address to listen on: the server binds addresses, so a name is resolved first."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot resolve --host {host!r}: {exc}") from None
+    # Prefer IPv4 (what "localhost" means to most clients), else the first address.
+    addresses = [str(info[4][0]) for info in infos]
+    v4 = [a for a in addresses if ipaddress.ip_address(a).version == 4]
+    return (v4 or addresses)[0]
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_settings(settings: Settings) -> None:
+    if not 0 <= settings.port <= 65535:
+        raise ConfigError(f"port must be 0..65535, got {settings.port}")
+    if not 0 < settings.body_timeout_s <= 3600:
+        raise ConfigError("--read-timeout must be between 0 and 3600 seconds")
+    if settings.max_body_bytes < 1024:
+        raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
+    if not is_loopback(bind_address(settings.host)) and not settings.token:
+        raise ConfigError(
+            f"refusing to listen on {settings.host} without a token; "
+            "pass --token (or set api_token in the config) or bind 127.0.0.1"
+        )
+
+
+def preflight(settings: Settings) -> None:
+    """Open, check and migrate the database before serving, so that a bad path, a read-only
+    file or an old SQLite is a clear start-up error; the connection is closed before the
+    worker starts (SQLite connections must not cross a fork)."""
+    from nulltickets.storage.sqlite import connection
+
+    connection.check_sqlite()
+    connection.ensure_parent(settings.db)
+    connection.check_writable(settings.db)
+    conn = connection.connect_writer(settings.db, settings.durability)
+    try:
+        connection.migrate(conn)
+    finally:
+        conn.close()
+
+
+def serve(settings: Settings) -> None:
+    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.http import HTTP1Settings
+    from granian.server import Server
+
+    from nulltickets.http.app import load_app
+
+    os.environ[ENV_SETTINGS] = settings.to_env()
+    auth = "enabled" if settings.token else "disabled"
+    print(
+        f"{version_line()}: db {settings.db}, auth {auth}, "
+        f"listening on http://{settings.host}:{settings.port}",
+        file=sys.stderr,
+    )
+    server = Server(
+        "nulltickets.http.app:load_app",
+        address=bind_address(settings.host),
+        port=settings.port,
+        interface=Interfaces.RSGI,
+        workers=1,
+        loop=Loops.auto,  # uvloop (winloop on Windows) when installed, else asyncio
+        http=HTTPModes.http1,
+        websockets=False,
+        http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),
+        log_enabled=True,
+        log_access=settings.access_log,
+    )
+    # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
+    server.serve(target_loader=load_app)  # type: ignore[arg-type]
