@@ -290,7 +290,7 @@ async def claim(ctx: Context, req: Request) -> Reply:
             generation = ctx.wakeups.generation(role)
             reply = await ctx.write(req, execute, redact=redact, revive=revive)
             remaining = deadline - loop.time()
-            if reply.status != 204 or remaining <= 0:
+            if reply.status != 204 or remaining <= 0 or ctx.wakeups.closing:
                 return reply
             connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
             if not connected:  # nobody would receive a lease claimed now
