@@ -221,9 +221,9 @@ def _catch_granian_stop() -> None:
         import granian._signals as granian_signals
     except ImportError:  # pragma: no cover - granian is a dependency
         return
-    original: Any = granian_signals.set_loop_signals
-    if getattr(original, "__wrapped__", None) is not None:
-        return
+    original: Any = getattr(granian_signals, "set_loop_signals", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return  # another granian: its own signal handling stays
 
     def set_loop_signals(loop: Any) -> Any:
         event = original(loop)
