@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -18,13 +18,56 @@ from nulltickets.http.routes import ROUTES, Auth, Route
 REF = "#/components/schemas/{name}"
 
 
+# The pipeline definition as documented. The server validates definitions itself
+# (domain/fsm.py, with messages naming the rule that failed), so these types only describe it.
+
+
+class StateDefinition(msgspec.Struct, omit_defaults=True):
+    """A stage of the pipeline. A stage with an agent_role is claimed by agents of that role;
+    a terminal stage ends the task. The other keys are the stage's optional policy."""
+
+    agent_role: str | None = None
+    terminal: bool = False
+    description: str | None = None
+    workflow_id: str | None = None
+    lease_ttl_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None
+    retry_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=31_536_000_000)] | None = None
+    retry_backoff: Annotated[float, msgspec.Meta(ge=1, le=100)] | None = None
+    retry_max_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=31_536_000_000)] | None = None
+    retry_jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+
+
+class TransitionDefinition(msgspec.Struct, omit_defaults=True):
+    """A move from one stage to another when the run holding the task sends `trigger`."""
+
+    from_: str = msgspec.field(name="from")
+    to: str
+    trigger: str
+    instructions: str | None = None
+    required_gates: list[str] = msgspec.field(default_factory=list)
+
+
+class PipelineDefinition(msgspec.Struct):
+    """A pipeline: its stages by name, the transitions between them, and the initial stage
+    new tasks start in. At least one stage is terminal; every other stage has a way out."""
+
+    initial: str
+    states: dict[str, StateDefinition]
+    transitions: list[TransitionDefinition]
+
+
+# Free-form JSON fields of the wire types that carry a pipeline definition.
+_DEFINITION_FIELDS = (("CreatePipeline", "definition"), ("Pipeline", "definition"))
+
+
 def _operation_id(route: Route) -> str:
     words = re.sub(r"[{}.\-]", "", route.pattern).strip("/").replace("/", "_") or "root"
     return f"{route.method.lower()}_{words}"
 
 
 def _collect_types() -> list[Any]:
-    types: list[Any] = [ErrorBody]
+    types: list[Any] = [ErrorBody, PipelineDefinition]
     for route in ROUTES:
         for t in (route.request, route.response):
             if t is not None and t not in types:
@@ -92,10 +135,13 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
         }
     op["responses"] = responses
-    if route.auth is Auth.LEASE:
-        op["security"] = [{"leaseToken": []}]
-    elif route.auth is Auth.ADMIN:
-        op["security"] = [{}, {"adminToken": []}]
+    # One bearer scheme. Writes under a lease need the lease token; every other gated route
+    # needs the admin token only when the server has one (reading a run's events takes the
+    # admin or the lease token then), so no authentication ({}) is also acceptable there.
+    if route.auth is Auth.LEASE and route.method != "GET":
+        op["security"] = [{"bearerAuth": []}]
+    elif route.auth is not Auth.NONE:
+        op["security"] = [{"bearerAuth": []}, {}]
     return op
 
 
@@ -104,6 +150,8 @@ def document() -> bytes:
     types = _collect_types()
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
     schemas = dict(zip(types, refs, strict=True))
+    for name, prop in _DEFINITION_FIELDS:
+        components[name]["properties"][prop] = schemas[PipelineDefinition]
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.pattern.replace("+}", "}"), {})[route.method.lower()] = _operation(
@@ -123,15 +171,12 @@ def document() -> bytes:
         "components": {
             "schemas": components,
             "securitySchemes": {
-                "adminToken": {
+                "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "The --token / api_token, when configured.",
-                },
-                "leaseToken": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "The lease_token returned by /leases/claim.",
+                    "description": "Admin routes: the server's --token / api_token, needed "
+                    "only when one is configured. Lease routes: the lease_token returned by "
+                    "/leases/claim.",
                 },
             },
         },
