@@ -547,7 +547,7 @@ def test_the_openapi_document_describes_both_verbs(client: Client) -> None:
     doc = client.get("/openapi.json").json
     for verb in ("requeue", "cancel"):
         op = doc["paths"][f"/tasks/{{id}}/{verb}"]["post"]
-        assert op["security"] == [{"bearerAuth": []}, {}]
+        assert op.get("security", doc["security"]) == [{"bearerAuth": []}, {}]
         ok = op["responses"]["200"]["content"]["application/json"]["schema"]
         assert ok == {"$ref": "#/components/schemas/TaskDetails"}
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("Task")

@@ -16,6 +16,8 @@ from nulltickets.http.errors import STATUS, ErrorBody, status_of
 from nulltickets.http.routes import ROUTES, Auth, Route
 
 REF = "#/components/schemas/{name}"
+ADMIN_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}, {}]  # a token, or none
+LEASE_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 
 
 # The pipeline definition as documented. The server validates definitions itself
@@ -135,13 +137,16 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
         }
     op["responses"] = responses
-    # One bearer scheme. Writes under a lease need the lease token; every other gated route
-    # needs the admin token only when the server has one (reading a run's events takes the
-    # admin or the lease token then), so no authentication ({}) is also acceptable there.
+    # One bearer scheme. The document's own security, ADMIN_SECURITY, covers the admin routes
+    # (the admin token, needed only when the server has one: reading a run's events takes the
+    # admin or the lease token then). Writes under a lease need the lease token; ungated
+    # routes take none. Generators such as openapi-python-client read only an operation's
+    # own security, and take any non-empty one as "a token is required": so the admin routes
+    # inherit theirs and a generated client calls them with or without a token.
     if route.auth is Auth.LEASE and route.method != "GET":
-        op["security"] = [{"bearerAuth": []}]
-    elif route.auth is not Auth.NONE:
-        op["security"] = [{"bearerAuth": []}, {}]
+        op["security"] = LEASE_SECURITY
+    elif route.auth is Auth.NONE:
+        op["security"] = []
     return op
 
 
@@ -167,6 +172,7 @@ def document() -> bytes:
             '{"error": {"code", "message"}}.',
         },
         "servers": [{"url": "/"}],
+        "security": ADMIN_SECURITY,
         "paths": paths,
         "components": {
             "schemas": components,
