@@ -24,12 +24,12 @@ LEASE_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 # (domain/fsm.py, with messages naming the rule that failed), so these types only describe it.
 
 
-class StateDefinition(msgspec.Struct, omit_defaults=True):
+class StateDefinition(msgspec.Struct):
     """A stage of the pipeline. A stage with an agent_role is claimed by agents of that role;
     a terminal stage ends the task. The other keys are the stage's optional policy."""
 
     agent_role: str | None = None
-    terminal: bool = False
+    terminal: bool | None = None  # null or absent: not terminal
     description: str | None = None
     workflow_id: str | None = None
     lease_ttl_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None
@@ -40,14 +40,14 @@ class StateDefinition(msgspec.Struct, omit_defaults=True):
     max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
 
 
-class TransitionDefinition(msgspec.Struct, omit_defaults=True):
+class TransitionDefinition(msgspec.Struct):
     """A move from one stage to another when the run holding the task sends `trigger`."""
 
     from_: str = msgspec.field(name="from")
     to: str
     trigger: str
     instructions: str | None = None
-    required_gates: list[str] = msgspec.field(default_factory=list)
+    required_gates: list[str] | None = None
 
 
 class PipelineDefinition(msgspec.Struct):
