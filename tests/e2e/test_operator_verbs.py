@@ -382,16 +382,33 @@ def test_a_cancelled_task_is_not_counted_claimable_in_the_queue_report(client: C
 def test_a_waiting_long_poll_claim_does_not_get_a_cancelled_task(
     client: Client, shared_server: Server, pool: ThreadPoolExecutor
 ) -> None:
+    """The claim waits for the task's retry delay to run out (the wake-up is already set);
+    the task is cancelled meanwhile, and the wake-up finds nothing."""
     pipeline_id, coder, _ = pipeline_with_roles(client)
-    task_id = make_task(client, pipeline_id, retry_policy={"retry_delay_ms": 1500})
+    task_id = make_task(client, pipeline_id, retry_policy={"retry_delay_ms": 4000})
     assert fail(client, claimed(client, coder)).status == 200
     eligible_at = task(client, task_id)["next_eligible_at_ms"]
-    waiting = long_poll(pool, shared_server, coder, 5000)
-    assert cancel(client, task_id).status == 200
-    r, _ = waiting.result(timeout=20)
+    waiting = long_poll(pool, shared_server, coder, 8000)
+    cancelled = cancel(client, task_id)
+    assert cancelled.status == 200
+    assert cancelled.json["cancelled_at_ms"] < eligible_at, "cancelled too late to tell"
+    r, _ = waiting.result(timeout=30)
     assert r.status == 204, r.body  # the retry time came and went, and nothing was claimed
     assert time.time() * 1000 >= eligible_at
     assert claim(client, coder).status == 204
+
+
+def test_a_waiting_long_poll_claim_woken_by_other_work_skips_a_cancelled_task(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    urgent = make_task(client, pipeline_id, priority=10)
+    assert cancel(client, urgent).status == 200
+    waiting = long_poll(pool, shared_server, coder, LONG_WAIT_MS)  # nothing claimable
+    other = make_task(client, pipeline_id, priority=0)
+    r, _ = waiting.result(timeout=LONG_WAIT_MS / 1000 + 10)
+    assert r.status == 200, r.body
+    assert r.json["task"]["id"] == other
 
 
 def test_cancel_revokes_a_live_lease_at_once(client: Client) -> None:
@@ -558,3 +575,20 @@ def test_the_openapi_document_describes_both_verbs(client: Client) -> None:
     assert {"stage", "reset_attempts", "reason"} <= set(requeue_body)
     roles = [p["name"] for p in doc["paths"]["/tasks"]["get"]["parameters"]]
     assert "role" in roles
+
+
+def test_health_stops_counting_a_revoked_lease_and_still_counts_the_task_in_its_stage(
+    fresh_server: Server,
+) -> None:
+    client = fresh_server.client()
+    try:
+        pipeline_id, coder, _ = pipeline_with_roles(client)
+        task_id = make_task(client, pipeline_id)
+        claimed(client, coder)
+        assert client.get("/health").json["active_leases"] == 1
+        assert cancel(client, task_id).status == 200
+        doc = client.get("/health").json
+        assert doc["active_leases"] == 0
+        assert doc["tasks_by_stage"] == [{"stage": "todo", "count": 1}]
+    finally:
+        client.close()
