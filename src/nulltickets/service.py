@@ -364,16 +364,15 @@ class Tracker:
         simply waiting. Without `cmd.stage` it stays in its stage, except that a task a
         dead-letter policy moved goes back to the stage it was dead-lettered from; a task in
         a terminal stage (done) needs an explicit stage. A task under a live lease: 409."""
-        task = b.get_task(task_id)
-        if task is None:
+        if not b.task_exists(task_id):
             raise TaskNotFound()
+        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
+            self.reap_expired(b, now)
+        task = b.get_task(task_id)
+        assert task is not None
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is None:
             raise TrackerError("the task's pipeline cannot be read")
-        if now >= self._next_expiry:  # an expired lease ends (and counts) before the requeue
-            self.reap_expired(b, now)
-            task = b.get_task(task_id)
-            assert task is not None
         if b.live_lease_of_task(task_id) is not None:
             raise TaskLeased("the task is held under a live lease; cancel it first")
         cancelled_at, _ = b.task_cancellation(task_id)
@@ -440,17 +439,18 @@ class Tracker:
         """Never claim the task again. A live lease is revoked: its run ends `cancelled` and
         its holder's next lease call gets 409 task_cancelled. Cancelling again changes
         nothing. A task in a terminal stage is finished and cannot be cancelled (409)."""
-        task = b.get_task(task_id)
-        if task is None:
+        if not b.task_exists(task_id):
             raise TaskNotFound()
+        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
+            self.reap_expired(b, now)
+        task = b.get_task(task_id)
+        assert task is not None
         cancelled_at, _ = b.task_cancellation(task_id)
         if cancelled_at is not None:
             return self.get_task(b, task_id)  # cancelled already: the same answer again
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is not None and pipeline.is_terminal(task.stage):
             raise TaskFinished(f"the task is in the terminal stage {task.stage!r}")
-        if now >= self._next_expiry:  # an expired lease is reaped as such, not revoked
-            self.reap_expired(b, now)
         revoked = b.live_lease_of_task(task_id)
         data: dict[str, Any] = {"actor": cmd.actor, "reason": cmd.reason, "stage": task.stage}
         if revoked is not None:

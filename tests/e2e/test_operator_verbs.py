@@ -20,6 +20,7 @@ from tests.conftest import (
     pipeline_with_roles,
     task,
     unique,
+    wait_for,
 )
 from tests.server import TASK_FIELDS, Client, Response, Server
 
@@ -592,3 +593,42 @@ def test_health_stops_counting_a_revoked_lease_and_still_counts_the_task_in_its_
         assert doc["tasks_by_stage"] == [{"stage": "todo", "count": 1}]
     finally:
         client.close()
+
+
+def _expired(client: Client, coder: str) -> dict[str, Any]:
+    """Claim with a short lease and wait until it has expired (reaped or not)."""
+    lease = claimed(client, coder, lease_ttl_ms=200)
+    while time.time() * 1000 <= lease["expires_at_ms"] + 50:
+        time.sleep(0.05)
+    return lease
+
+
+def test_cancel_after_a_lease_expired_counts_the_expiry_and_revokes_nothing(
+    client: Client,
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id)
+    lease = _expired(client, coder)
+    r = cancel(client, task_id)
+    assert r.status == 200, r.body
+    assert r.json["latest_run"]["status"] == "stale"  # it expired before the cancel came
+    assert [f["run_id"] for f in r.json["previous_failures"]] == [lease["run"]["id"]]
+    assert "revoked_run_id" not in task_events(client, task_id)[0]["data"]
+
+
+def test_cancel_after_an_expiry_dead_lettered_the_task_into_a_terminal_stage_is_refused(
+    client: Client,
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    policy = {"max_attempts": 1, "dead_letter_stage": "dead"}
+    task_id = make_task(client, pipeline_id, retry_policy=policy)
+    _expired(client, coder)
+    r = cancel(client, task_id)
+    assert (r.status, r.error_code) == (409, "task_finished")
+    assert "'dead'" in r.json["error"]["message"]
+    # A refused write changes nothing, its own expiry of the lease included: the janitor
+    # expires it as usual, with the outcome the answer named.
+    wait_for(
+        "the janitor to dead-letter the task", lambda: task(client, task_id)["stage"] == "dead"
+    )
+    assert "cancelled_at_ms" not in task(client, task_id)
