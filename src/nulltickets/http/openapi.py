@@ -113,7 +113,7 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         op["parameters"] = params
     if route.request is not None:
         op["requestBody"] = {
-            "required": route.pattern != "/leases/{id}/heartbeat",
+            "required": not route.optional_body,
             "content": {"application/json": {"schema": schemas[route.request]}},
         }
     success: dict[str, Any] = {"description": "Success"}

@@ -48,6 +48,7 @@ class Route:
     errors: tuple[type[e.TrackerError], ...] = ()
     query: tuple[Query, ...] = ()
     trailing: bool = False  # extra trailing segments are ignored
+    optional_body: bool = False  # the request body may be left out
     extra: bool = False  # not in the original's API (an addition of ours)
     tag: str = ""
 
@@ -212,6 +213,7 @@ ROUTES: tuple[Route, ...] = (
         response=model.TaskDetails,
         errors=(e.InvalidJson, e.TaskNotFound, e.InvalidStage, e.TaskLeased, e.TaskFinished),
         extra=True,
+        optional_body=True,
         tag="tasks",
     ),
     Route(
@@ -227,6 +229,7 @@ ROUTES: tuple[Route, ...] = (
         response=model.TaskDetails,
         errors=(e.InvalidJson, e.TaskNotFound, e.TaskFinished),
         extra=True,
+        optional_body=True,
         tag="tasks",
     ),
     Route(
@@ -322,6 +325,7 @@ ROUTES: tuple[Route, ...] = (
         response=h.ExpiresBody,
         errors=(*LEASE_ERRORS, e.InvalidJson, e.InvalidLeaseTtl),
         trailing=True,
+        optional_body=True,
         tag="leases",
     ),
     Route(
@@ -404,6 +408,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(*LEASE_ERRORS, e.InvalidJson),
         trailing=True,
         extra=True,
+        optional_body=True,
         tag="runs",
     ),
     Route(
