@@ -38,11 +38,24 @@ install() {
         sudo="sudo"
     fi
     export DEBIAN_FRONTEND=noninteractive
+    # The package would create and start a system-wide cluster on port 5432; the tests run
+    # their own, so ask for none (Debian's postgresql-common reads createcluster.d).
+    $sudo mkdir -p /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false" |
+        $sudo tee /etc/postgresql-common/createcluster.d/nulltickets-tests.conf >/dev/null
     # The package lists may be missing or stale on a fresh machine: refresh only when the first
     # attempt cannot find the package.
     if ! $sudo apt-get install -y -q postgresql >/dev/null; then
         $sudo apt-get update -q >/dev/null
         $sudo apt-get install -y -q postgresql >/dev/null
+    fi
+    # Whatever cluster the package started anyway (an older postgresql-common) is stopped.
+    if command -v pg_lsclusters >/dev/null 2>&1; then
+        pg_lsclusters --no-header 2>/dev/null | while read -r version name _port status _rest; do
+            if [ "$status" = online ]; then
+                $sudo pg_ctlcluster "$version" "$name" stop || true
+            fi
+        done
     fi
     bindir >/dev/null || { echo "postgresql installed but no pg_ctl found" >&2; exit 1; }
 }
