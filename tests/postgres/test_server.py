@@ -25,7 +25,9 @@ def test_tests_needing_postgres_fail_with_the_reason_when_it_cannot_start() -> N
         bindir.chmod(0o755)
         done = subprocess.run(
             [
-                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                sys.executable, "-m", "pytest", "-q",
+                # without the plugins this run has no use for, which take seconds to load
+                "-p", "no:cacheprovider", "-p", "no:schemathesis", "-p", "no:hypothesispytest",
                 "tests/postgres/test_migrations.py::test_the_server_runs_with_fsync_on",
             ],
             cwd=ROOT,
