@@ -181,3 +181,40 @@ def test_stage_roles_follow_pipeline_stages(pg_conn: Conn) -> None:
     ).fetchall()
     assert rows == [("todo", role)]
     assert one(pg_conn, "role_stages", agent_role=role) == (pipeline_id, "todo")
+
+
+def test_replays_of_one_idempotency_key_run_one_after_the_other(
+    pg_shared_dsn: str, pg_conn: Conn
+) -> None:
+    key = {"key": unique("idem"), "method": "POST", "path": "/tasks"}
+    with psycopg.connect(pg_shared_dsn) as first, psycopg.connect(pg_shared_dsn) as second:
+        one(first, "lock_idempotency_key", **key)
+        assert one(first, "get_idempotency", **key) is None
+        other_key = {**key, "key": unique("idem")}
+        one(second, "lock_idempotency_key", **other_key)  # another key: not held up
+        second.commit()
+        waited: list[Any] = []
+        pid = second.info.backend_pid
+
+        def replay() -> None:
+            one(second, "lock_idempotency_key", **key)
+            waited.append(one(second, "get_idempotency", **key))
+
+        replaying = threading.Thread(target=replay)
+        replaying.start()
+
+        def second_waits() -> bool:
+            row = pg_conn.execute(
+                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+                (pid,),
+            ).fetchone()
+            pg_conn.rollback()
+            return row == ("Lock", "advisory")
+
+        wait_for("the replay to wait for the first request", second_waits)
+        assert waited == []
+        run(first, "put_idempotency", **key, request_hash=b"r", auth_hash=None, status=201,
+            body='{"id": "t"}', now=5)  # fmt: skip
+        first.commit()
+        replaying.join(timeout=30)
+        assert waited == [(b"r", None, 201, '{"id": "t"}')]  # the stored answer, not a rerun

@@ -240,55 +240,67 @@ JOIN tasks AS t ON t.id = r.task_id
 WHERE r.status = 'running' AND t.stage = :stage;
 
 -- claim_candidate --
--- The most urgent eligible task of the stages the role works on, locked for this claim.
--- Not one-to-one: one scan of the role's (pipeline, stage) groups ordered as on SQLite
--- (priority, age, pipeline, stage, insertion), then FOR UPDATE SKIP LOCKED, so a task another
--- server is claiming right now is passed over instead of waited for, and only the returned
--- row is locked. Stages at their concurrency limit come as JSONB: :full_stages an array of
--- stage names, :full_pairs an array of [pipeline_id, stage]; NULL when there are none. A task
--- claimed and committed by another server between this statement's snapshot and its row
--- lock can still come back (PostgreSQL rechecks the row but not the NOT EXISTS below):
+-- For each (pipeline, stage) the role works on, walk idx_tasks_claim in priority order to the
+-- first eligible task that no other transaction holds, and lock it (FOR UPDATE SKIP LOCKED:
+-- a task another server is claiming right now is passed over, never waited for); then take
+-- the best of those few, ordered as on SQLite (priority, age, pipeline, stage, insertion).
+-- Cost depends on the number of stages and of skipped rows, never on finished tasks. Not
+-- one-to-one: the runners-up stay locked until this transaction ends, so a concurrent claim
+-- passes over them too. Stages at their concurrency limit come as JSONB: :full_stages an array
+-- of stage names, :full_pairs an array of [pipeline_id, stage]; NULL when there are none. A
+-- task claimed and committed by another server between this statement's snapshot and its
+-- row lock can still come back (PostgreSQL rechecks the task row, not the NOT EXISTS below):
 -- insert_run then returns no row, because of runs_one_running_per_task, and the backend
 -- claims again.
 SELECT
-    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
-    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
-    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+    c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+    c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+    c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
 FROM pipeline_stages AS s
-JOIN tasks AS t ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+CROSS JOIN LATERAL (
+    SELECT
+        t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+        t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+        t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+    FROM tasks AS t
+    WHERE t.pipeline_id = s.pipeline_id
+        AND t.stage = s.stage
+        AND t.dead_letter_reason IS NULL
+        AND t.next_eligible_at_ms <= :now
+        AND NOT EXISTS (
+            SELECT 1 FROM runs AS r
+            WHERE r.task_id = t.id AND r.status = 'running'
+        )
+        AND NOT EXISTS (
+            SELECT 1
+            FROM task_dependencies AS d
+            JOIN tasks AS u ON u.id = d.depends_on_task_id
+            LEFT JOIN pipeline_stages AS us
+                ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+            WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+        )
+        AND (
+            NOT EXISTS (
+                SELECT 1 FROM task_assignments AS a
+                WHERE a.task_id = t.id AND a.active
+            )
+            OR EXISTS (
+                SELECT 1 FROM task_assignments AS a
+                WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
+            )
+        )
+    ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+) AS c
 WHERE s.agent_role = :agent_role
     AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
     AND (
         :full_pairs::jsonb IS NULL
         OR NOT (:full_pairs::jsonb @> jsonb_build_array(jsonb_build_array(s.pipeline_id, s.stage)))
     )
-    AND t.dead_letter_reason IS NULL
-    AND t.next_eligible_at_ms <= :now
-    AND NOT EXISTS (
-        SELECT 1 FROM runs AS r
-        WHERE r.task_id = t.id AND r.status = 'running'
-    )
-    AND NOT EXISTS (
-        SELECT 1
-        FROM task_dependencies AS d
-        JOIN tasks AS u ON u.id = d.depends_on_task_id
-        LEFT JOIN pipeline_stages AS us
-            ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
-        WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
-    )
-    AND (
-        NOT EXISTS (
-            SELECT 1 FROM task_assignments AS a
-            WHERE a.task_id = t.id AND a.active
-        )
-        OR EXISTS (
-            SELECT 1 FROM task_assignments AS a
-            WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
-        )
-    )
-ORDER BY t.priority DESC, t.created_at_ms ASC, t.pipeline_id, t.stage, t.seq
-LIMIT 1
-FOR UPDATE OF t SKIP LOCKED;
+ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
+LIMIT 1;
 
 -- insert_run --
 -- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
@@ -535,6 +547,9 @@ LIMIT :limit;
 -- Not one-to-one in shape: the claimable count and the oldest claimable task's created_at_ms
 -- come as two columns (SQLite packs them into one JSON array to get both from one walk of its
 -- index; a LATERAL subquery does that here): (role, claimable, oldest, failed, stuck, near).
+-- Nor in cost: PostgreSQL has no INDEXED BY, and where a stage's share of all tasks looks
+-- large to its planner (few pipelines and stages, most tasks finished) it counts by scanning
+-- the tasks instead of walking idx_tasks_claim; an /ops/queue read, not a claim, pays that.
 SELECT
     s.agent_role,
     c.claimable,
