@@ -67,7 +67,7 @@ start() {
     if [ "$(id -u)" = 0 ]; then
         chown postgres: "$dir"
     fi
-    as_owner "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    as_owner "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-locale >/dev/null
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o \
         "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=on" start >/dev/null
     echo "postgresql://postgres@127.0.0.1:$port/postgres"
