@@ -18,7 +18,9 @@ Conn = psycopg.Connection[Any]
 NOW = 10_000
 
 
-def claim(conn: Conn, role: str, agent: str, **limits: str | None) -> tuple[str | None, bool]:
+def claim(
+    conn: Conn, role: str, agent: str, now: int = NOW, **limits: str | None
+) -> tuple[str | None, bool]:
     """One claim as the service makes it: (task id or None, whether a race was lost)."""
     with conn.transaction():
         task = one(
@@ -28,7 +30,7 @@ def claim(conn: Conn, role: str, agent: str, **limits: str | None) -> tuple[str 
             agent_id=agent,
             full_stages=limits.get("full_stages"),
             full_pairs=limits.get("full_pairs"),
-            now=NOW,
+            now=now,
         )
         if task is None:
             return None, False
@@ -41,7 +43,7 @@ def claim(conn: Conn, role: str, agent: str, **limits: str | None) -> tuple[str 
             task_id=task_id,
             agent_id=agent,
             agent_role=role,
-            now=NOW,
+            now=now,
             lease_id=lease_id,
         )
         if attempt is None:  # another claim of this task committed first
@@ -54,10 +56,10 @@ def claim(conn: Conn, role: str, agent: str, **limits: str | None) -> tuple[str 
             run_id=run_id,
             agent_id=agent,
             token_hash=b"hash",
-            expires_at_ms=NOW + 60_000,
+            expires_at_ms=now + 60_000,
             ttl_ms=60_000,
             fence=fence,
-            now=NOW,
+            now=now,
         )
         return task_id, False
 
@@ -160,18 +162,21 @@ def test_blocked_and_assigned_tasks_wait_for_their_turn(pg_conn: Conn) -> None:
     assert queue == [(role, 0, None, 0, 2, 2)]
 
 
-def test_concurrent_reapers_share_the_expired_leases(pg_dsn: str) -> None:
+def test_concurrent_reapers_share_the_expired_leases(pg_shared_dsn: str, pg_conn: Conn) -> None:
     """Each expired lease goes to one reaper: the others skip the rows it holds."""
-    with psycopg.connect(pg_dsn) as setup:
-        role = unique("coder")
-        pipeline_id = make_pipeline(setup, role)
-        for _ in range(6):
-            make_task(setup, pipeline_id)
-        while claim(setup, role, "a")[0] is not None:
-            pass
-        setup.commit()
-    later = NOW + 120_000
-    with psycopg.connect(pg_dsn) as a, psycopg.connect(pg_dsn) as b:
+    # This test's clock runs long before every other test's on the shared database, so its
+    # leases are the only ones expired at its `later`.
+    epoch = -(10**12)
+    role = unique("coder")
+    pipeline_id = make_pipeline(pg_conn, role)
+    for _ in range(6):
+        task_id = make_task(pg_conn, pipeline_id)
+        run(pg_conn, "schedule_retry", id=task_id, next_eligible_at_ms=epoch, now=epoch)
+    while claim(pg_conn, role, "a", now=epoch)[0] is not None:
+        pass
+    pg_conn.commit()
+    later = epoch + 120_000
+    with psycopg.connect(pg_shared_dsn) as a, psycopg.connect(pg_shared_dsn) as b:
         first = {r[0] for r in all_rows(a, "expired_leases", now=later, limit=4)}
         second = {r[0] for r in all_rows(b, "expired_leases", now=later, limit=100)}
         assert len(first) == 4
@@ -179,4 +184,4 @@ def test_concurrent_reapers_share_the_expired_leases(pg_dsn: str) -> None:
         assert not first & second
         a.rollback()  # a reaper that gave up: its leases are there for the next one
         assert len(all_rows(b, "expired_leases", now=later, limit=100)) == 6
-        assert all_rows(b, "expired_leases", now=NOW, limit=100) == []  # not expired yet
+        assert all_rows(b, "expired_leases", now=epoch + 59_999, limit=100) == []  # not yet
