@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -17,10 +17,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
+# PostgreSQL from the distribution's packages, for the tests that start their own server
+# (tests/pgserver.py); a no-op once pg_ctl is there.
+postgres:
+	@bash scripts/postgres.sh install
+
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install
+test: install postgres
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
