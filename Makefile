@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -22,10 +22,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 postgres:
 	@bash scripts/postgres.sh install
 
+# curl and jq for the README's examples (a no-op once they are there).
+test-tools:
+	@bash scripts/test-tools.sh
+
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install postgres
+test: install postgres test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
