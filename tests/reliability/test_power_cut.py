@@ -243,8 +243,8 @@ def describe_cuts(cuts: list[Cut]) -> str:
         if f.get("torn_to") is not None and f.get("pending")
     )
     return (
-        f"{kinds['sigkill']} SIGKILLs, {kinds['torn']} torn and reordered cuts, "
-        f"{kinds['checkpoint']} cuts inside a background checkpoint ({torn} files torn)"
+        f"cuts: {kinds['sigkill']} by SIGKILL, {kinds['torn']} torn and reordered, "
+        f"{kinds['checkpoint']} inside a background checkpoint ({torn} files torn)"
     )
 
 

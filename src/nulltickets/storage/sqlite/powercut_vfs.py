@@ -20,6 +20,11 @@ The model is a disk with a volatile write cache (the kernel's page cache, the dr
 - A clean close of the last handle of a file writes its pending writes through: data in the page
   cache outlives the exit of a process, only not a power cut. (At a clean close SQLite has
   checkpointed and synced anyway; the granian supervisor's start-up migration ends that way.)
+- The overlays belong to one process. The granian supervisor migrates and closes the database
+  before it starts the worker, so the worker starts with nothing pending; while the server
+  runs only the worker has the files open. Another process opening them meanwhile would see
+  the real files without the worker's pending writes, as a second machine would: the tests
+  look at the files only once the server is down.
 - The -shm file (the WAL index) goes to the default VFS untouched: it is shared memory, which a
   power cut wipes, and SQLite rebuilds it from the WAL when the first connection opens.
 - The device is reported with no guarantees beyond powersafe overwrite (the torn write changes
