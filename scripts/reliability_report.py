@@ -81,8 +81,11 @@ def result(line: dict[str, Any]) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def run_line(env: dict[str, Any]) -> str:
-    mode = "`make soak` (NULLTICKETS_SOAK=1)" if env["soak"] else "`make test` (short versions)"
+def run_line(env: dict[str, Any], alone: bool = False) -> str:
+    if alone:
+        mode = "long version (NULLTICKETS_SOAK=1)" if env["soak"] else "short version"
+    else:
+        mode = "`make soak` (NULLTICKETS_SOAK=1)" if env["soak"] else "`make test` (short versions)"
     commit = env["commit"] + (" with local changes" if env.get("dirty") else "")
     return (
         f"{mode}, {env['generated_at']}, nulltickets {env['nulltickets']} at {commit}, "
@@ -115,9 +118,10 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"Run: {run_line(env)}."
         + "".join(
-            f" Then {'suites' if len(run['suites']) > 1 else 'suite'} "
-            f"{', '.join(SUITES.get(s, s) for s in run['suites'])} on its own, whose rows "
-            f"replace that suite's: {run_line(run['environment'])}."
+            f" Suite{'s' if len(run['suites']) > 1 else ''} "
+            f"{' and '.join(SUITES.get(s, s).split('. ', 1)[0] for s in run['suites'])} "
+            f"ran later on {'their' if len(run['suites']) > 1 else 'its'} own: "
+            f"{run_line(run['environment'], alone=True)}."
             for run in doc.get("runs", [])
         ),
         "",
