@@ -250,8 +250,10 @@ def test_a_torn_reordered_cut_while_the_wal_is_written_never_corrupts_the_file(
             assert survived <= acked, seed
 
 
-def test_connection_opens_plain_files_without_the_switch(tmp_path: Path) -> None:
-    os.environ.pop(ENV, None)
+def test_connection_opens_plain_files_without_the_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
     conn = connection.connect_writer(str(tmp_path / "plain.db"))
     try:
         assert conn.vfsname("main") == "unix"

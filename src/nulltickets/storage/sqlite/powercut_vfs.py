@@ -25,8 +25,11 @@ The model is a disk with a volatile write cache (the kernel's page cache, the dr
   runs only the worker has the files open. Another process opening them meanwhile would see
   the real files without the worker's pending writes, as a second machine would: the tests
   look at the files only once the server is down.
-- The -shm file (the WAL index) goes to the default VFS untouched: it is shared memory, which a
-  power cut wipes, and SQLite rebuilds it from the WAL when the first connection opens.
+- The -shm file (the WAL index) goes to the default VFS untouched: apsw's VFSFile hands the
+  xShm* methods to the VFS it inherits from, so WAL works as it does without this layer. It is
+  shared memory, which a power cut wipes; after a SIGKILL of the server the first connection to
+  open the database finds no other one, truncates it and rebuilds it from what the WAL file
+  really holds.
 - The device is reported with no guarantees beyond powersafe overwrite (the torn write changes
   nothing outside its own range), so SQLite never skips a sync on its account.
 
