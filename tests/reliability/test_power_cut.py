@@ -59,7 +59,7 @@ pytestmark = [
 ]
 
 AGENTS = 3
-TASKS = scale(600, 4000)
+TASKS = scale(600, 10000)  # enough that the agents never run out, even on a fast machine
 LEASE_TTL_MS = 3000
 KINDS = ("sigkill", "torn", "checkpoint")
 
