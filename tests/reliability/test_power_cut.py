@@ -133,13 +133,13 @@ class PowerCutServer:
         before = len(self.reports()) if kind == "torn" else self.reports_at_start
         if kind == "sigkill":
             at = time.time_ns() // 1_000_000
-            self.server.kill()
+            kill(self.server)
             return Cut(kind, at)
         if kind == "torn":
             self.cut_file.touch()
         # "checkpoint" was armed at start: it comes (or came) with a background checkpoint.
         wait_for(f"the VFS to cut ({kind})", lambda: len(self.reports()) > before, timeout=90)
-        self.server.kill()  # the supervisor, and anything it started again
+        kill(self.server)  # the supervisor, and anything it started again
         self.cut_file.unlink(missing_ok=True)
         report = self.reports()[-1]
         return Cut(kind, int(report["t_ms"]), report)
@@ -150,6 +150,40 @@ class PowerCutServer:
         if kind == "torn":
             return f"cut-file={self.cut_file}"
         return ""
+
+
+def kill(server: Server) -> None:
+    """SIGKILL the server's processes and wait until each one is really gone.
+
+    A process SIGKILLed is not dead yet when kill() returns: until it has exited it holds its
+    locks on the WAL index, and a connection opened meanwhile trusts that index (which
+    describes writes the cut took away) instead of rebuilding it from the files."""
+    if server.proc is None:
+        return
+    pids = [*descendants(server.proc.pid), server.proc.pid]
+    server.kill()
+    wait_for("the killed server processes to exit", lambda: not any(map(alive, pids)), 30)
+
+
+def descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    children = [int(p) for p in out.stdout.split()]
+    return [d for c in children for d in (c, *descendants(c))]
+
+
+def alive(pid: int) -> bool:
+    """Still running (a zombie has exited and let go of its files)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return not any(
+        line.split()[1:2] == ["Z"] for line in status.splitlines() if line.startswith("State:")
+    )
 
 
 def run_power_cuts(
@@ -231,7 +265,7 @@ def run_power_cuts(
         stop.touch()
         for agent in agents:
             agent.kill()
-        power.server.kill()
+        kill(power.server)
 
 
 def describe_cuts(cuts: list[Cut]) -> str:
@@ -482,7 +516,7 @@ def test_a_cut_during_the_migration_at_start_loses_nothing_that_was_there(
             except RuntimeError:
                 started = False
             finally:
-                server.kill()
+                kill(server)
             if started:
                 assert not report.exists(), server.output()
                 break

@@ -23,8 +23,9 @@ The model is a disk with a volatile write cache (the kernel's page cache, the dr
 - The overlays belong to one process. The granian supervisor migrates and closes the database
   before it starts the worker, so the worker starts with nothing pending; while the server
   runs only the worker has the files open. Another process opening them meanwhile would see
-  the real files without the worker's pending writes, as a second machine would: the tests
-  look at the files only once the server is down.
+  the real files without the worker's pending writes, under a WAL index that describes them
+  (SQLite then reports a disk I/O error): the tests look at the files only once every process
+  of the server has exited, not merely been sent SIGKILL.
 - The -shm file (the WAL index) goes to the default VFS untouched: apsw's VFSFile hands the
   xShm* methods to the VFS it inherits from, so WAL works as it does without this layer. It is
   shared memory, which a power cut wipes; after a SIGKILL of the server the first connection to
