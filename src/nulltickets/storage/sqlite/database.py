@@ -15,6 +15,11 @@ pool (apsw releases the GIL inside SQLite), each job inside one read transaction
 WAL checkpoints run on a thread of their own (`Checkpointer`), not inside the commit that
 crosses the threshold as SQLite would do by default: a checkpoint's two fsyncs would otherwise
 stop every request for several milliseconds.
+
+With durability `full` the commit's own fsync is off the loop's thread too: the connection
+commits with synchronous=NORMAL and a thread of its own syncs the WAL (`walsync.py`); a batch's
+callers hear back only once a sync that began after its COMMIT has completed. Meanwhile the
+loop reads, decides and commits the next batches, which the next sync covers all at once.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import errno
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -32,7 +38,7 @@ from typing import Any, TypeVar
 import apsw
 
 from nulltickets.errors import StorageBusy, StorageFull, StorageReadOnly, StorageUnavailable
-from nulltickets.storage.sqlite import connection
+from nulltickets.storage.sqlite import connection, walsync
 from nulltickets.storage.sqlite.backend import SqliteBackend
 
 log = logging.getLogger("nulltickets.storage")
@@ -42,6 +48,7 @@ RETRY_MIN_S = 0.01  # first wait for another process's write lock; doubles up to
 RETRY_MAX_S = 0.2
 Job = Callable[[SqliteBackend], Any]
 Outcome = tuple[Any, BaseException | None]
+Entry = tuple[Job, "asyncio.Future[Any]", float]  # a pending job, its caller's future, when
 
 
 def storage_error(exc: BaseException, system_errno: int | None = None) -> BaseException:
@@ -197,7 +204,7 @@ class Writer:
         self.max_batch = max_batch
         self._conn: apsw.Connection | None = None
         self._lock = threading.Lock()
-        self._pending: list[tuple[Job, asyncio.Future[Any], float]] = []
+        self._pending: list[Entry] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_scheduled = False
         self._retry_delay = RETRY_MIN_S
@@ -206,14 +213,27 @@ class Writer:
         self.checkpointer = Checkpointer(path, durability)
         self.batches = 0
         self.jobs = 0
+        # Durability `full` off the loop's thread (see the module's text): commits are numbered;
+        # a batch waits in `_unsynced` with the number of the last commit it may depend on
+        # until a WAL sync that began after that commit has completed (`_durable`).
+        self.syncer: walsync.WalSyncer | None = None
+        self._committed = 0
+        self._durable = 0
+        self._unsynced: deque[tuple[int, list[Entry], list[Outcome]]] = deque()
+        self._sync_failed: BaseException | None = None
 
     def start(self) -> None:
         self._conn = connection.connect_writer(self.path, self.durability)
-        connection.migrate(self._conn)
+        connection.migrate(self._conn)  # synchronous=FULL still: each migration is on disk
         self._conn.set_busy_timeout(0)  # never wait inside SQLite: see the class docstring
         self._backend = SqliteBackend(self._conn)
         if self.path != ":memory:":
             self.checkpointer.attach(self._conn)
+            if self.durability == "full":
+                wal = walsync.WalFile.of(self._conn)
+                if wal is not None:  # else every commit keeps syncing on its own
+                    self._conn.pragma("synchronous", "NORMAL")
+                    self.syncer = walsync.WalSyncer(wal, self._on_sync)
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
@@ -222,6 +242,17 @@ class Writer:
             self._flush()
             if self._pending:
                 time.sleep(self._retry_delay)
+        if self.syncer is not None:
+            # The loop no longer runs the thread's reports: settle the last batches here.
+            seq = self._committed
+            self.syncer.stop()
+            try:
+                self._sync_here()
+            except StorageUnavailable as exc:
+                self._fail_sync(exc)
+            else:
+                self._synced(seq, None)
+            self.syncer = None
         self.checkpointer.stop()
         with self._lock:
             if self._conn is not None:
@@ -245,12 +276,13 @@ class Writer:
         self._after_commit.append(callback)
 
     async def run(self, job: Callable[[SqliteBackend], T]) -> T:
-        """Run `job` in the next batch; return its result once that batch is committed."""
+        """Run `job` in the next batch; return its result once that batch is committed (and,
+        with durability `full`, synced)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((job, future, time.monotonic()))
+        self._loop = loop
         if not self._flush_scheduled:
-            self._loop = loop
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         return await future
@@ -269,6 +301,8 @@ class Writer:
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             result, exc = outcome
+            if self.syncer is not None:
+                self._sync_here()  # any sync that starts now covers this commit
             if exc is not None:
                 raise exc
             return result  # type: ignore[no-any-return]
@@ -284,6 +318,72 @@ class Writer:
         self._retry_delay = RETRY_MIN_S
         if self._pending:
             self._schedule_flush(0.0)
+        if self.syncer is None:
+            self._answer(batch, outcomes)
+            return
+        if self._sync_failed is not None:  # nothing ran (see _execute); fail the waiting too
+            self._fail_sync(self._sync_failed)
+            self._answer(batch, outcomes)
+            return
+        # Every outcome waits, failures too: a refusal may rest on a commit not yet synced.
+        self._unsynced.append((self._committed, batch, outcomes))
+        self.syncer.committed(self._committed)
+        self._settle()
+
+    def _on_sync(self, seq: int, exc: BaseException | None) -> None:
+        """The syncer's report, from its thread: hand it to the loop."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: stop() settles the rest
+            loop.call_soon_threadsafe(self._synced, seq, exc)
+
+    def _synced(self, seq: int, exc: BaseException | None) -> None:
+        """On the loop: commits up to `seq` are on disk, or the sync failed."""
+        if exc is None and self._sync_failed is not None:
+            exc = self._sync_failed  # a sync on another thread failed meanwhile
+        if exc is not None:
+            self._fail_sync(exc)
+        else:
+            self._durable = max(self._durable, seq)
+        self._settle()
+
+    def _fail_sync(self, exc: BaseException) -> None:
+        """A failed sync leaves unknown which committed frames reached the disk, and SQLite
+        recovers a WAL only up to its first bad frame, so no later commit could be promised
+        either: every waiting batch fails, and so does every write until the server restarts
+        (SQLite then recovers what the disk really holds)."""
+        if self._sync_failed is None:
+            log.error(
+                "the WAL could not be synced: writes are refused until the server restarts"
+            )
+            err = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(str(exc))
+            self._sync_failed = err
+        self._durable = -1  # nothing settles as a success from now on
+        while self._unsynced:
+            _, batch, _ = self._unsynced.popleft()
+            self._answer(batch, [(None, self._sync_failed)] * len(batch))
+
+    def _settle(self) -> None:
+        """Answer the batches whose commits are on disk, in commit order."""
+        while self._unsynced and self._unsynced[0][0] <= self._durable:
+            _, batch, outcomes = self._unsynced.popleft()
+            self._answer(batch, outcomes)
+
+    def _sync_here(self) -> None:
+        """Sync the WAL on the calling thread (run_sync: any thread; stop). Every commit that
+        returned before this call is on disk when it returns; raises StorageUnavailable."""
+        assert self.syncer is not None
+        if self._sync_failed is not None:
+            raise self._sync_failed
+        try:
+            self.syncer.wal.sync()
+        except StorageUnavailable as exc:
+            log.error("syncing the WAL failed: %s", exc)
+            self._sync_failed = exc  # the loop fails its waiting batches at the next report
+            raise
+
+    def _answer(self, batch: list[Entry], outcomes: list[Outcome]) -> None:
         for (_, future, _), (result, exc) in zip(batch, outcomes, strict=True):
             if future.done():  # the request was cancelled (client went away); the write stands
                 continue
@@ -301,7 +401,7 @@ class Writer:
         else:
             self._loop.call_soon(self._flush)
 
-    def _wait_for_lock(self, batch: list[tuple[Job, asyncio.Future[Any], float]]) -> None:
+    def _wait_for_lock(self, batch: list[Entry]) -> None:
         """The database is locked: give up on jobs older than the busy timeout, put the others
         back in front, and try again a little later."""
         now = time.monotonic()
@@ -328,6 +428,8 @@ class Writer:
         """
         outcomes: list[Outcome | None] = [None] * len(jobs)
         todo = list(range(len(jobs)))
+        if self._sync_failed is not None:  # see _fail_sync
+            return [(None, self._sync_failed)] * len(jobs)
         with self._lock:
             while todo:
                 todo = self._attempt(jobs, todo, outcomes)
@@ -393,6 +495,7 @@ class Writer:
             return []
         for i, result in ran:
             outcomes[i] = (result, None)
+        self._committed += 1
         self.batches += 1
         self.jobs += len(todo)
         return []
