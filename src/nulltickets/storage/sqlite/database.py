@@ -354,9 +354,7 @@ class Writer:
         either: every waiting batch fails, and so does every write until the server restarts
         (SQLite then recovers what the disk really holds)."""
         if self._sync_failed is None:
-            log.error(
-                "the WAL could not be synced: writes are refused until the server restarts"
-            )
+            log.error("the WAL could not be synced: writes are refused until the server restarts")
             err = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(str(exc))
             self._sync_failed = err
         self._durable = -1  # nothing settles as a success from now on

@@ -42,7 +42,7 @@ _XDeviceCharacteristics = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 class _IoMethods(ctypes.Structure):
     """The head of SQLite's `sqlite3_io_methods` (version 1 layout, which every version keeps)."""
 
-    _fields_ = [  # noqa: RUF012 (ctypes wants a plain list)
+    _fields_ = [
         ("iVersion", ctypes.c_int),
         ("xClose", ctypes.c_void_p),
         ("xRead", ctypes.c_void_p),
@@ -62,7 +62,7 @@ class _IoMethods(ctypes.Structure):
 class _File(ctypes.Structure):
     """SQLite's `sqlite3_file`: every VFS's file object starts with its methods."""
 
-    _fields_ = [("pMethods", ctypes.POINTER(_IoMethods))]  # noqa: RUF012
+    _fields_ = [("pMethods", ctypes.POINTER(_IoMethods))]
 
 
 class WalFile:
