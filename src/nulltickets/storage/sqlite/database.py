@@ -245,13 +245,13 @@ class Writer:
         if self.syncer is not None:
             # The loop no longer runs the thread's reports: settle the last batches here.
             seq = self._committed
-            self.syncer.stop()
             try:
-                self._sync_here()
+                self._sync_here(seq)
             except StorageUnavailable as exc:
                 self._fail_sync(exc)
             else:
                 self._synced(seq, None)
+            self.syncer.stop()
             self.syncer = None
         self.checkpointer.stop()
         with self._lock:
@@ -302,7 +302,7 @@ class Writer:
                 continue
             result, exc = outcome
             if self.syncer is not None:
-                self._sync_here()  # any sync that starts now covers this commit
+                self._sync_here(self._committed)  # covers this job's commit, and any before
             if exc is not None:
                 raise exc
             return result  # type: ignore[no-any-return]
@@ -368,16 +368,15 @@ class Writer:
             _, batch, outcomes = self._unsynced.popleft()
             self._answer(batch, outcomes)
 
-    def _sync_here(self) -> None:
-        """Sync the WAL on the calling thread (run_sync: any thread; stop). Every commit that
-        returned before this call is on disk when it returns; raises StorageUnavailable."""
+    def _sync_here(self, seq: int) -> None:
+        """Off the loop (run_sync: any thread; stop): block until commits up to `seq` are on
+        disk. Raises StorageUnavailable."""
         assert self.syncer is not None
         if self._sync_failed is not None:
             raise self._sync_failed
         try:
-            self.syncer.wal.sync()
+            self.syncer.sync_through(seq)
         except StorageUnavailable as exc:
-            log.error("syncing the WAL failed: %s", exc)
             self._sync_failed = exc  # the loop fails its waiting batches at the next report
             raise
 

@@ -119,7 +119,11 @@ class WalSyncer:
     `committed(seq)` (any thread) says commits up to `seq` are in the WAL; the thread then reads
     the latest `seq` *before* it starts a sync and, once the sync returns, reports
     `done(seq, None)` (or `done(seq, error)`) through the callback, from its own thread. Syncs
-    follow one another without a round trip through the loop while commits keep coming."""
+    follow one another without a round trip through the loop while commits keep coming. A
+    thread without the loop waits with `sync_through(seq)` instead. Every sync of the writer's
+    barrier runs on this one thread (THREAD_NAME).
+
+    A failed sync ends the thread: every later `sync_through` raises that error."""
 
     def __init__(self, wal: WalFile, done: Callable[[int, BaseException | None], None]) -> None:
         self.wal = wal
@@ -128,6 +132,7 @@ class WalSyncer:
         self._committed = 0
         self._synced = 0
         self._stopping = False
+        self.failed: StorageUnavailable | None = None
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -135,7 +140,21 @@ class WalSyncer:
         with self._cond:
             if seq > self._committed:
                 self._committed = seq
-                self._cond.notify()
+                self._cond.notify_all()
+
+    def sync_through(self, seq: int) -> None:
+        """Block until commits up to `seq` are on disk (from a thread other than the loop's);
+        raises StorageUnavailable when a sync failed."""
+        with self._cond:
+            if seq > self._committed:
+                self._committed = seq
+                self._cond.notify_all()
+            while self._synced < seq and self.failed is None:
+                if not self._thread.is_alive():
+                    raise StorageUnavailable("the WAL sync thread has stopped")
+                self._cond.wait(1.0)
+            if self.failed is not None:
+                raise self.failed
 
     def _run(self) -> None:
         while True:
@@ -149,15 +168,20 @@ class WalSyncer:
                 self.wal.sync()
             except BaseException as exc:
                 log.error("syncing the WAL failed: %s", exc)
-                self._done(target, exc)
-                return  # the writer stops writing (see Writer._synced); nothing more to sync
+                err = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(str(exc))
+                with self._cond:
+                    self.failed = err
+                    self._cond.notify_all()
+                self._done(target, err)
+                return  # the writer stops writing (see Writer._fail_sync): nothing more to sync
             with self._cond:
                 self._synced = target
+                self._cond.notify_all()
             self._done(target, None)
 
     def stop(self) -> None:
         """Finish the sync in progress (and one for commits not yet synced), then end."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join()
