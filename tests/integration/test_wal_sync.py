@@ -125,12 +125,19 @@ def test_a_write_is_answered_only_after_its_sync_and_the_loop_commits_meanwhile(
         await until(lambda: "second" in stored(db))
         assert not first.done() and not second.done()
 
+        # A read that can see those commits is answered only once they are on disk too.
+        read = asyncio.ensure_future(db.read(lambda b: b.get_value("t", "second")))
+        await until(lambda: len(db.writer._readers_waiting) == 1)
+        assert not read.done()
+
         gate.allow()  # the first sync completes: it began before the second commit
         await first
         await until(lambda: gate.started == 2)  # a new sync for the second commit
         assert not second.done()
+        assert not read.done()
         gate.allow()
         await second
+        assert (await read) is not None
 
     asyncio.run(scenario())
     assert gate.finished == 2

@@ -221,6 +221,7 @@ class Writer:
         self._durable = 0
         self._unsynced: deque[tuple[int, list[Entry], list[Outcome]]] = deque()
         self._sync_failed: BaseException | None = None
+        self._readers_waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     def start(self) -> None:
         self._conn = connection.connect_writer(self.path, self.durability)
@@ -286,6 +287,16 @@ class Writer:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         return await future
+
+    async def settled(self) -> None:
+        """Return once every commit made so far is on disk: a read that may have seen one is
+        answered only then, so that no answer shows what a power cut could still take back.
+        (After a failed sync, when writes are refused, reads go on without waiting.)"""
+        if self.syncer is None or self._committed <= self._durable or self._sync_failed:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._readers_waiting.append((self._committed, future))
+        await future
 
     def run_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         """Run `job` in a transaction of its own, from any thread."""
@@ -361,12 +372,22 @@ class Writer:
         while self._unsynced:
             _, batch, _ = self._unsynced.popleft()
             self._answer(batch, [(None, self._sync_failed)] * len(batch))
+        self._release_readers()
 
     def _settle(self) -> None:
         """Answer the batches whose commits are on disk, in commit order."""
         while self._unsynced and self._unsynced[0][0] <= self._durable:
             _, batch, outcomes = self._unsynced.popleft()
             self._answer(batch, outcomes)
+        if self._readers_waiting:
+            self._release_readers()
+
+    def _release_readers(self) -> None:
+        waiting = self._readers_waiting
+        while waiting and (waiting[0][0] <= self._durable or self._sync_failed is not None):
+            _, future = waiting.popleft()
+            if not future.done():
+                future.set_result(None)
 
     def _sync_here(self, seq: int) -> None:
         """Off the loop (run_sync: any thread; stop): block until commits up to `seq` are on
@@ -567,7 +588,9 @@ class Database:
         return self.writer.run_sync(job)
 
     async def read(self, job: Callable[[SqliteBackend], T]) -> T:
-        return await self.readers.read(job)
+        result = await self.readers.read(job)
+        await self.writer.settled()  # what it read is on disk before anyone hears of it
+        return result
 
     def read_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         return self.readers.run(job)
