@@ -199,6 +199,29 @@ def test_a_failing_sync_fails_its_writes_and_every_later_one_until_a_restart(
     again.close()
 
 
+def test_writes_from_threads_and_from_loops_come_and_go_in_any_order(
+    tmp_path: Path, gate: GateVFS
+) -> None:
+    """run_sync's syncs report to whatever loop there is (none, or one since closed): a later
+    loop's reads and writes must still be answered."""
+    db = open_db(tmp_path, gate)
+    gate.release_all()
+
+    async def read() -> object:
+        return await db.read(lambda b: b.get_value("t", "k0"))
+
+    async def refused() -> object:
+        return await asyncio.gather(db.write(lambda b: b.get_value("t", "none")))
+
+    for i in range(3):
+        db.write_sync(insert(f"k{i}"))
+        assert asyncio.run(read()) is not None
+        db.write_sync(insert(f"j{i}"))
+        assert asyncio.run(refused()) == [None]
+        asyncio.run(db.write(insert(f"w{i}")))
+    db.close()
+
+
 # --- concurrent batches and threads on the power-cut VFS: what an answer promises -------------
 
 CHILD = """

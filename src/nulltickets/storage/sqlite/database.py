@@ -232,9 +232,11 @@ class Writer:
             self.checkpointer.attach(self._conn)
             if self.durability == "full":
                 wal = walsync.WalFile.of(self._conn)
-                if wal is not None:  # else every commit keeps syncing on its own
+                if wal is not None:
                     self._conn.pragma("synchronous", "NORMAL")
                     self.syncer = walsync.WalSyncer(wal, self._on_sync)
+                else:  # every commit keeps syncing itself, on the loop's thread
+                    log.info("durability full: the WAL cannot be synced apart from commits here")
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
@@ -294,8 +296,13 @@ class Writer:
         (After a failed sync, when writes are refused, reads go on without waiting.)"""
         if self.syncer is None or self._committed <= self._durable or self._sync_failed:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._readers_waiting.append((self._committed, future))
+        loop = asyncio.get_running_loop()
+        self._loop = loop  # the sync thread's reports come here from now on...
+        seq = self._committed
+        if self.syncer.synced >= seq:  # ...and one that came before (run_sync) is seen here
+            return
+        future: asyncio.Future[None] = loop.create_future()
+        self._readers_waiting.append((seq, future))
         await future
 
     def run_sync(self, job: Callable[[SqliteBackend], T]) -> T:
@@ -376,6 +383,9 @@ class Writer:
 
     def _settle(self) -> None:
         """Answer the batches whose commits are on disk, in commit order."""
+        if self.syncer is not None and self._sync_failed is None:
+            # What a sync for run_sync made durable, whose report went to no loop (or another).
+            self._durable = max(self._durable, self.syncer.synced)
         while self._unsynced and self._unsynced[0][0] <= self._durable:
             _, batch, outcomes = self._unsynced.popleft()
             self._answer(batch, outcomes)

@@ -136,6 +136,11 @@ class WalSyncer:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
+    @property
+    def synced(self) -> int:
+        """The last commit known to be on disk."""
+        return self._synced
+
     def committed(self, seq: int) -> None:
         with self._cond:
             if seq > self._committed:
