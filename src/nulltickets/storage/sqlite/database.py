@@ -245,6 +245,7 @@ class Writer:
             self._flush()
             if self._pending:
                 time.sleep(self._retry_delay)
+        syncs = 0
         if self.syncer is not None:
             # The loop no longer runs the thread's reports: settle the last batches here.
             seq = self._committed
@@ -255,6 +256,7 @@ class Writer:
             else:
                 self._synced(seq, None)
             self.syncer.stop()
+            syncs = self.syncer.wal.syncs
             self.syncer = None
         self.checkpointer.stop()
         with self._lock:
@@ -272,6 +274,10 @@ class Writer:
                 self.jobs / self.batches,
                 self.checkpointer.passes,
                 self.checkpointer.finishes,
+            )
+        if syncs:
+            log.info(
+                "%d WAL syncs off the loop's thread (%.1f jobs per sync)", syncs, self.jobs / syncs
             )
 
     def on_commit(self, callback: Callable[[], None]) -> None:
