@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
-import sys
 
-from nulltickets import __version__, core
+from nulltickets import __version__, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
+
+# granian's access line without its own local-time stamp: every record carries ours.
+ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
 
 
 def version_line() -> str:
@@ -71,16 +74,20 @@ def preflight(settings: Settings) -> None:
 def serve(settings: Settings) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
+    from granian.log import LogLevels
     from granian.server import Server
 
     from nulltickets.http.app import load_app
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
-    print(
-        f"{version_line()}: db {settings.db}, auth {auth}, "
-        f"listening on http://{settings.host}:{settings.port}",
-        file=sys.stderr,
+    logging.getLogger("nulltickets").info(
+        "%s: db %s, auth %s, listening on http://%s:%s",
+        version_line(),
+        settings.db,
+        auth,
+        settings.host,
+        settings.port,
     )
     server = Server(
         "nulltickets.http.app:load_app",
@@ -93,7 +100,11 @@ def serve(settings: Settings) -> None:
         websockets=False,
         http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),
         log_enabled=True,
+        # Our format for granian's loggers too, here and in its worker (logs.py).
+        log_level=LogLevels(settings.log_level),
+        log_dictconfig=logs.dictconfig(settings.log_format, settings.log_level),
         log_access=settings.access_log,
+        log_access_format=ACCESS_LOG_FORMAT,
     )
     # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
     server.serve(target_loader=load_app)  # type: ignore[arg-type]
