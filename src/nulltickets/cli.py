@@ -43,6 +43,7 @@ from nulltickets.config import (
     parse_port,
     parse_seconds,
     parse_size,
+    source_of,
     write_wizard_config,
 )
 from nulltickets.errors import TrackerError
@@ -190,9 +191,17 @@ def serve_command(args: argparse.Namespace) -> int:
         return 0
     if args.host is not None and not args.host.strip():
         raise ConfigError("--host must not be empty")
-    settings = settings_from_args(args)
+    flags = flags_from_args(args)
+    settings = build_settings(flags)
     logs.configure(settings.log_format, settings.log_level)
-    check_settings(settings)
+    try:
+        check_settings(settings)
+    except ConfigError as exc:
+        # launch names the flag; the host may have come from the file or the environment.
+        source = source_of("host", flags)
+        if "--host" in str(exc) and source != "--host":
+            raise ConfigError(str(exc).replace("--host", source)) from None
+        raise
     preflight(settings)
     serve(settings)
     return 0

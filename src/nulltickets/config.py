@@ -354,6 +354,23 @@ def database_path(
     return _database(db, load_config(config, env), env)
 
 
+def source_of(setting: str, flags: Flags, env: Mapping[str, str] | None = None) -> str:
+    """Where `setting` came from, for a message: its flag, the config file's key, its
+    environment variable, or "the default"."""
+    env = os.environ if env is None else env
+    _name, flag, key, var = next(row for row in SETTINGS if row[0] == setting)
+    if getattr(flags, FLAG_FIELDS.get(setting, setting)) is not None:
+        return flag
+    file = load_config(flags.config, env)
+    if getattr(file, FILE_FIELDS.get(setting, setting)) is not None:
+        return f"{key!r} in {file.path}"
+    return var if env.get(var, "").strip() else "the default"
+
+
+FLAG_FIELDS = {"body_timeout_s": "read_timeout_s"}
+FILE_FIELDS = {"body_timeout_s": "read_timeout_s", "token": "api_token"}
+
+
 def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settings:
     """Flags > config file > environment > defaults. Without a config file and without
     `--db` or `NULLTICKETS_DB`, the database is `nulltickets.db` in the working directory;

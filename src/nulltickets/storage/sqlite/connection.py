@@ -74,6 +74,8 @@ def connect_writer(path: str, durability: str = "full") -> apsw.Connection:
     with opening(path):
         _base_pragmas(conn)
         mode = conn.pragma("journal_mode", "wal")
+        if conn.readonly("main"):  # a read-only file system or a `file:...?mode=ro` URI
+            raise apsw.ReadOnlyError("read-only")
     if path != ":memory:" and str(mode).lower() != "wal":
         raise StartupError(f"cannot switch {path!r} to WAL mode (got {mode!r})")
     conn.pragma("synchronous", DURABILITY[durability])
