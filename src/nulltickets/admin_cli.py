@@ -318,7 +318,10 @@ def runs_tail(args: argparse.Namespace) -> int:
             after = 0
             while True:
                 for event in fetch_events(api, args.run_id, after):
-                    print(to_json(event) if args.json else event_line(event), flush=True)
+                    try:
+                        print(to_json(event) if args.json else event_line(event), flush=True)
+                    except BrokenPipeError:  # `runs tail X | head`: the reader has enough
+                        return 0
                     after = event.id
                     if event.kind in RUN_ENDS:
                         return 0

@@ -79,7 +79,10 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     p.add_argument("--exit-when-idle", action="store_true", help="stop at the first empty claim")
     p.add_argument(
-        "command", nargs="*", metavar="-- COMMAND [ARG...]", help="what to run for each task"
+        "command",
+        nargs="*",
+        metavar="COMMAND",
+        help="what to run for each task, after -- (e.g. -- ./agent.sh --fast)",
     )
 
 
