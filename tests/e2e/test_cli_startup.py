@@ -3,7 +3,9 @@ failure is exactly one line on stderr naming the file or setting, with status 1.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -158,3 +160,41 @@ def test_a_server_that_is_not_reachable(tmp_path: Path) -> None:
     line = one_line(result)
     assert line.startswith(f"cannot reach the server at http://127.0.0.1:{port}: "), line
     assert time.monotonic() - started < 30  # it gives up rather than retrying for ever
+
+
+# --- logs --------------------------------------------------------------------------------------
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def served_log(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    """The log lines of a server that answered one request and stopped."""
+    server = Server(tmp_path / "logs.db", args=list(args), env=env).start()
+    try:
+        client = server.client()
+        assert client.get("/health").status == 200
+        client.close()
+    finally:
+        assert server.stop() == 0
+    return server.output().splitlines()
+
+
+def test_json_logs_are_one_object_per_line_from_both_processes(tmp_path: Path) -> None:
+    lines = served_log(tmp_path, "--log-format", "json", "--access-log")
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert all(ISO_UTC.match(r["ts"]) and r["level"] and r["message"] for r in records)
+    loggers = {r["logger"] for r in records}
+    assert {"nulltickets", "_granian", "granian.access"} <= loggers
+    # granian's worker process logs as _granian.serve ("Started worker-1"): its format is ours.
+    assert "_granian.serve" in loggers
+    access = [r for r in records if r["logger"] == "granian.access"]
+    assert any('"GET /health HTTP/1.1" 200' in r["message"] for r in access)
+
+
+def test_text_logs_start_with_a_timestamp_and_honour_the_level(tmp_path: Path) -> None:
+    lines = served_log(tmp_path, env={"NULLTICKETS_LOG_LEVEL": "warning"})
+    assert all(ISO_UTC.match(line) for line in lines), lines
+    assert not [line for line in lines if " INFO " in line]  # warning and above only
+    lines = served_log(tmp_path, "--log-format", "text")
+    assert lines and all(ISO_UTC.match(line) for line in lines), lines
+    assert any(" INFO nulltickets: " in line and "listening on" in line for line in lines)
