@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py cext/core.py
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 run: install
@@ -56,7 +56,7 @@ soak: install
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
 binary: install
-	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
 	$(PY) build/binary.py
 
 # The e2e suite against the built executable instead of `python -m nulltickets`.
@@ -66,6 +66,6 @@ test-binary: install
 
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install
-	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py
