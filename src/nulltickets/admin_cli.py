@@ -22,7 +22,15 @@ import msgspec
 
 from nulltickets import remote
 from nulltickets.client import Client
-from nulltickets.domain.model import Event, EventPage, Pipeline, Task, TaskDetails, TaskPage
+from nulltickets.domain.model import (
+    Event,
+    EventPage,
+    Task,
+    TaskDetails,
+    TaskEvent,
+    TaskEventPage,
+    TaskPage,
+)
 from nulltickets.remote import CommandFailed
 
 PAGE_MAX = 1000  # the server's largest page
@@ -61,7 +69,11 @@ def register(commands: Any) -> None:
         "the attempts that failed.",
     )
     p.add_argument("task_id", metavar="ID", help="the task's id")
-    p.add_argument("--json", action="store_true", help="one JSON object: task and last_events")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: task, last_events (its latest run's) and task_events",
+    )
     remote.add_client_options(p)
     p.set_defaults(func=tasks_show)
 
@@ -129,13 +141,20 @@ def _get(api: Client, kind: type[Any], path: str) -> Any:
 
 
 def fetch_tasks(
-    api: Client, *, stage: str | None, pipeline_id: str | None, limit: int
+    api: Client,
+    *,
+    stage: str | None = None,
+    pipeline_id: str | None = None,
+    role: str | None = None,
+    limit: int,
 ) -> list[Task]:
     items: list[Task] = []
     cursor: str | None = None
     while len(items) < limit:
         size = min(PAGE_MAX, limit - len(items))
-        path = _path("/tasks", stage=stage, pipeline_id=pipeline_id, limit=size, cursor=cursor)
+        path = _path(
+            "/tasks", stage=stage, pipeline_id=pipeline_id, role=role, limit=size, cursor=cursor
+        )
         page: TaskPage = _get(api, TaskPage, path)
         items.extend(page.items)
         if page.next_cursor is None:
@@ -157,16 +176,17 @@ def fetch_events(api: Client, run_id: str, after: int = 0) -> list[Event]:
         after = page.items[-1].id
 
 
-def role_stages(api: Client, role: str) -> set[tuple[str, str]]:
-    """(pipeline id, stage) of every stage whose agent_role is `role`."""
-    found = set()
-    for pipeline in _get(api, list[Pipeline], "/pipelines"):
-        definition = msgspec.json.decode(pipeline.definition)
-        states = definition.get("states", {}) if isinstance(definition, dict) else {}
-        for stage, state in states.items():
-            if isinstance(state, dict) and state.get("agent_role") == role:
-                found.add((pipeline.id, stage))
-    return found
+def fetch_task_events(api: Client, task_id: str) -> list[TaskEvent]:
+    """What operators did to the task (requeued, cancelled), oldest first."""
+    items: list[TaskEvent] = []
+    after = 0
+    while True:
+        path = _path(f"/tasks/{_seg(task_id)}/events", cursor=after, limit=PAGE_MAX)
+        page: TaskEventPage = _get(api, TaskEventPage, path)
+        items.extend(page.items)
+        if page.next_cursor is None or not page.items:
+            return items
+        after = page.items[-1].id
 
 
 # --- printing ----------------------------------------------------------------------------------
@@ -210,7 +230,11 @@ def event_line(event: Event) -> str:
     return f"{when(event.ts_ms)}  {event.kind}  {_raw(event.data)}"
 
 
-def task_text(task: TaskDetails, events: list[Event] | None = None) -> str:
+def task_text(
+    task: TaskDetails,
+    events: list[Event] | None = None,
+    task_events: list[TaskEvent] | None = None,
+) -> str:
     lines = [
         f"task        {task.id}",
         f"title       {task.title}",
@@ -221,6 +245,9 @@ def task_text(task: TaskDetails, events: list[Event] | None = None) -> str:
         lines.append(f"eligible    from {when(task.next_eligible_at_ms)}")
     if task.dead_letter_reason:
         lines.append(f"dead letter {task.dead_letter_reason}")
+    if isinstance(task.cancelled_at_ms, int):
+        reason = task.cancel_reason if isinstance(task.cancel_reason, str) else "-"
+        lines.append(f"cancelled   {when(task.cancelled_at_ms)}: {reason}")
     attempts = "unlimited" if task.max_attempts is None else str(task.max_attempts)
     lines.append(f"attempts    {len(task.previous_failures)} failed, max {attempts}")
     run = task.latest_run
@@ -246,6 +273,9 @@ def task_text(task: TaskDetails, events: list[Event] | None = None) -> str:
     if events is not None:
         lines.append("last events" if events else "last events none")
         lines.extend(f"  {event_line(e)}" for e in events)
+    if task_events:
+        lines.append("task events")
+        lines.extend(f"  {when(e.ts_ms)}  {e.kind}  {_raw(e.data)}" for e in task_events)
     return "\n".join(lines)
 
 
@@ -262,19 +292,9 @@ def _limit(raw: str) -> int:
 def tasks_list(args: argparse.Namespace) -> int:
     limit = _limit(args.limit)
     with remote.connect(args) as api:
-        if args.role is None:
-            tasks = fetch_tasks(api, stage=args.stage, pipeline_id=args.pipeline, limit=limit)
-        else:
-            pairs = sorted(
-                (p, s)
-                for p, s in role_stages(api, args.role)
-                if args.stage in (None, s) and args.pipeline in (None, p)
-            )
-            tasks = [
-                t for p, s in pairs for t in fetch_tasks(api, stage=s, pipeline_id=p, limit=limit)
-            ]
-            tasks.sort(key=lambda t: (t.created_at_ms, t.id))  # oldest first, as one list
-            tasks = tasks[:limit]
+        tasks = fetch_tasks(
+            api, stage=args.stage, pipeline_id=args.pipeline, role=args.role, limit=limit
+        )
     print(to_json(tasks) if args.json else task_table(tasks))
     return 0
 
@@ -285,18 +305,20 @@ def tasks_show(args: argparse.Namespace) -> int:
         events: list[Event] = []
         if not isinstance(task.latest_run, msgspec.UnsetType):
             events = fetch_events(api, task.latest_run.id)[-LAST_EVENTS:]
+        task_events = fetch_task_events(api, args.task_id)[-LAST_EVENTS:]
     if args.json:
-        print(to_json({"task": task, "last_events": events}))
+        print(to_json({"task": task, "last_events": events, "task_events": task_events}))
     else:
-        print(task_text(task, events))
+        print(task_text(task, events, task_events))
     return 0
 
 
 def _act(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
+    """POST /tasks/{id}/<verb>; the answer is the task as GET /tasks/{id} shows it."""
     with remote.connect(args) as api:
         path = f"/tasks/{_seg(args.task_id)}/{verb}"
-        api.request("POST", path, {k: v for k, v in body.items() if v is not None})
-        task = api.get_task(args.task_id)
+        _status, payload = api.request("POST", path, {k: v for k, v in body.items() if v})
+        task = msgspec.json.decode(payload, type=TaskDetails)
     print(to_json(task) if args.json else task_text(task))
     return 0
 

@@ -16,7 +16,6 @@ from typing import Any
 import apsw
 import pytest
 
-from nulltickets.http.routes import ROUTES
 from tests.cli import one_line, run_cli
 from tests.conftest import claimed, create_pipeline, make_task, pipeline_with_roles, wait_for
 from tests.fixtures.reference import build_reference_db
@@ -185,11 +184,6 @@ def test_client_commands_send_the_token(make_server: Any, tmp_path: Path) -> Non
 
 # --- requeue and cancel (POST /tasks/{id}/requeue and /cancel) ---------------------------------
 
-HAS_VERBS = {r.pattern for r in ROUTES} >= {"/tasks/{id}/requeue", "/tasks/{id}/cancel"}
-needs_verbs = pytest.mark.xfail(
-    not HAS_VERBS, reason="POST /tasks/{id}/requeue and /cancel are not on this build", strict=True
-)
-
 
 def dead_letter(client: Client, role: str, pipeline: str) -> str:
     task_id = make_task(client, pipeline, retry_policy={"max_attempts": 1})
@@ -201,7 +195,6 @@ def dead_letter(client: Client, role: str, pipeline: str) -> str:
     return task_id
 
 
-@needs_verbs
 def test_tasks_requeue_makes_a_dead_lettered_task_claimable(
     shared_server: Server, client: Client, tmp_path: Path
 ) -> None:
@@ -214,7 +207,6 @@ def test_tasks_requeue_makes_a_dead_lettered_task_claimable(
     assert again["task"]["id"] == task_id
 
 
-@needs_verbs
 def test_tasks_cancel_means_never_claimed_again(
     shared_server: Server, client: Client, tmp_path: Path
 ) -> None:
@@ -223,7 +215,32 @@ def test_tasks_cancel_means_never_claimed_again(
     text = cli(shared_server, "tasks", "cancel", task_id, "--reason", "not needed", home=tmp_path)
     assert text.returncode == 0, text
     assert f"task        {task_id}" in text.stdout
+    assert "cancelled   " in text.stdout and ": not needed" in text.stdout
     assert client.post("/leases/claim", {"agent_id": "x", "agent_role": coder}).status == 204
+    shown = cli(shared_server, "tasks", "show", task_id, home=tmp_path)
+    assert "task events" in shown.stdout and "  cancelled  " in shown.stdout
+    doc = ok_json(cli(shared_server, "tasks", "show", task_id, "--json", home=tmp_path))
+    assert [e["kind"] for e in doc["task_events"]] == ["cancelled"]
+    assert doc["task"]["cancel_reason"] == "not needed"
+
+
+def test_tasks_cancel_while_a_worker_holds_the_lease_ends_its_tail(
+    shared_server: Server, client: Client, tmp_path: Path
+) -> None:
+    pipeline, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline)
+    c = claimed(client, coder)
+    run, token = c["run"]["id"], c["lease_token"]
+    client.post(f"/runs/{run}/events", {"kind": "progress"}, token=token)
+    with tailing(shared_server, run, tmp_path) as proc:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["kind"] == "progress"
+        done = cli(shared_server, "tasks", "cancel", task_id, "--json", home=tmp_path)
+        assert ok_json(done)["id"] == task_id
+        assert json.loads(proc.stdout.readline())["kind"] == "cancelled"
+        assert proc.wait(30) == 0
+    r = client.post(f"/leases/{c['lease_id']}/heartbeat", token=token)
+    assert (r.status, r.error_code) == (409, "task_cancelled")
 
 
 def test_requeue_of_an_unknown_task_is_one_line(shared_server: Server, tmp_path: Path) -> None:
