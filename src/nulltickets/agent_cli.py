@@ -119,42 +119,9 @@ def pause_main(argv: Sequence[str]) -> int:
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    from nulltickets.worker import WorkerOptions, run_worker
+    from nulltickets.worker import build_parser, main_from_args
 
-    args = list(argv)
-    if "--" not in args:
-        return _fail("worker: give the command after --, e.g. worker --role coder -- ./agent.sh")
-    split = args.index("--")
-    flags, command = args[:split], args[split + 1 :]
-    if not command:
-        return _fail("worker: the command after -- is empty")
-    p = argparse.ArgumentParser(
-        prog="nulltickets worker", description="Run COMMAND for each task claimed for a role."
-    )
-    p.add_argument("--role", required=True)
-    p.add_argument("--base", default=os.environ.get("NULLTICKETS_BASE_URL", DEFAULT_BASE))
-    p.add_argument("--token", default=os.environ.get("NULLTICKETS_TOKEN"))
-    p.add_argument("--agent-id", default=None)
-    p.add_argument("--trigger", default=None, help="trigger on exit 0 (default: printed or only)")
-    p.add_argument("--lease-ttl-ms", type=int, default=None)
-    p.add_argument("--wait-ms", type=int, default=30_000, help="long-poll wait per claim")
-    p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--exit-when-idle", action="store_true", help="stop at the first empty claim")
-    opts = p.parse_args(flags)
-    options = WorkerOptions(
-        role=opts.role,
-        command=command,
-        base_url=opts.base,
-        token=opts.token,
-        trigger=opts.trigger,
-        lease_ttl_ms=opts.lease_ttl_ms,
-        wait_ms=opts.wait_ms,
-        max_tasks=opts.max_tasks,
-        exit_when_idle=opts.exit_when_idle,
-    )
-    if opts.agent_id:
-        options.agent_id = opts.agent_id
-    return run_worker(options)
+    return main_from_args(build_parser().parse_args(list(argv)))
 
 
 def main(argv: Sequence[str]) -> int:
