@@ -107,15 +107,12 @@ class Worker:
         self.outcomes: list[Outcome] = []
 
     def _client(self) -> Client:
-        failures = [0]
-
         def on_retry(event: RetryEvent) -> None:
-            failures[0] += 1
-            n = failures[0]
-            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure: a restart stays quiet
+            n = event.attempt
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure of a call: not a flood
                 self.log(
                     f"{event.method} {event.path}: {event.reason}; retrying in "
-                    f"{event.delay:.1f} s (attempt {event.attempt + 1})"
+                    f"{event.delay:.1f} s (attempt {n + 1})"
                 )
 
         opts = self.options
@@ -350,7 +347,7 @@ class _Heartbeat:
 
     def _retrying(self, event: RetryEvent) -> None:
         self.failures += 1
-        if self.failures & (self.failures - 1) == 0:
+        if event.attempt & (event.attempt - 1) == 0:
             self.worker.log(f"task {self.claimed.task.id}: heartbeat: {event.reason}; retrying")
 
     def _beat(self) -> None:

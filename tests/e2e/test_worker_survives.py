@@ -33,7 +33,8 @@ STEPS = 3
 
 # The agent: it resumes from its checkpoint, and for each step appends "perform" to a log before
 # doing it and "done" once the step is checkpointed. A step logged "done" that is performed
-# again was redone.
+# again was redone. The first attempt of every third task crashes after its first step, so
+# that a later attempt (often after a restart of the server) has to resume from the checkpoint.
 AGENT = f"""
 import json, os, subprocess, sys, time
 task = json.load(sys.stdin)
@@ -47,6 +48,9 @@ for step in range(start + 1, {STEPS} + 1):
     subprocess.run([*cli, "checkpoint", json.dumps({{"step": step}})], check=True,
                    stdout=subprocess.DEVNULL)
     log.write(f"{{task['id']}} done {{step}} {{os.environ['NULLTICKETS_FENCE']}}\\n")
+    if int(task["title"][1:]) % 3 == 0 and os.environ["NULLTICKETS_ATTEMPT"] == "1":
+        print("crashed on purpose", file=sys.stderr)
+        os._exit(4)
 print("nulltickets:trigger=complete")
 """
 
@@ -148,8 +152,10 @@ def test_three_workers_finish_60_tasks_exactly_once_while_the_server_is_killed_t
             assert w.poll() is None, f"a worker exited:\n{worker_log.read_text()[-3000:]}"
         assert any("retrying" in p.read_text() for p in logs), "no worker saw the server down"
 
+        failures = 0
         for task_id in ids:
             task = api.get_task(task_id)
+            failures += len(task.previous_failures)
             assert task.stage == "done"
             assert task.task_version == 2  # moved exactly once
             assert msgspec.json.decode(task.checkpoint) == {"step": STEPS}
@@ -158,6 +164,7 @@ def test_three_workers_finish_60_tasks_exactly_once_while_the_server_is_killed_t
                 events = api.list_events(run_id, limit=1000).items
                 transitions += sum(e.kind == "transition" for e in events)
             assert transitions == 1, task_id
+        assert failures >= len(ids) // 3  # the crashes happened, and were resumed from
 
         done: set[tuple[str, str]] = set()
         for line in log.read_text().splitlines():
