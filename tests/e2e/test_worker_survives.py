@@ -541,13 +541,11 @@ def test_a_worker_whose_task_is_cancelled_stops_its_command(
         wait_for("the command to start", (tmp_path / "started").exists, 30)
         try:
             api.cancel(task_id, "not needed")
+            code = w.wait(60)
         finally:
             if w.poll() is None:
-                try:
-                    code = w.wait(60)
-                except subprocess.TimeoutExpired:
-                    w.kill()
-                    raise
+                w.kill()
+                w.wait()
         assert code == 1, log.read_text()
         assert (tmp_path / "terminated").exists()
         assert "task_cancelled" in log.read_text()
@@ -636,3 +634,30 @@ def test_a_worker_keeps_waiting_while_the_server_is_down_and_works_when_it_is_ba
         assert w.wait(60) == 0, log.read_text()
         assert done_count(api, pipeline_id) == 1
         assert json.dumps("CannotSendRequest") not in log.read_text()
+
+
+def test_a_heartbeat_that_cannot_reach_the_server_is_retried_and_the_command_keeps_running(
+    own_server: Server, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    waiter = [
+        sys.executable,
+        "-c",
+        "import pathlib, time\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+        "print('nulltickets:trigger=complete')",
+    ]
+    with Client(own_server.base) as api:
+        role = unique("coder")
+        task_id = api.create_task(pipeline(api, role), "t")
+        log = tmp_path / "worker.log"
+        w = start_worker(own_server, role, waiter, "--once", "--lease-ttl-ms", "15000", log=log)
+        wait_for("the claim", lambda: "attempt 1" in log.read_text(), 30)
+        own_server.kill()
+        wait_for("a heartbeat to fail", lambda: "heartbeat" in log.read_text(), 30)
+        own_server.start()
+        wait_for("a heartbeat to succeed", lambda: "heartbeat reached" in log.read_text(), 30)
+        go.touch()
+        assert w.wait(60) == 0, log.read_text()
+        task = api.get_task(task_id)
+        assert task.stage == "done" and task.previous_failures == []
