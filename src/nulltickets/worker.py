@@ -489,7 +489,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit at the first claim that finds nothing (status 0; with --once, 3)",
     )
     parser.add_argument(
-        "command",
+        "worker_command",  # not `command`: a CLI's subparsers often use that dest
         nargs="*",
         metavar="COMMAND",
         help="the command to run for each task, after --: the task arrives as JSON on stdin",
@@ -498,7 +498,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_from_args(args: argparse.Namespace) -> int:
     """Run a worker from the flags `add_arguments` defined; its exit status."""
-    command: list[str] = list(args.command)
+    command: list[str] = list(args.worker_command)
     if not command:
         return _usage("give the command after --, e.g. worker --role coder -- ./agent.sh")
     for name, value in (("--wait-ms", args.wait_ms), ("--max-tasks", args.max_tasks)):
@@ -506,13 +506,13 @@ def main_from_args(args: argparse.Namespace) -> int:
             return _usage(f"{name} must not be negative")
     if args.lease_ttl_ms is not None and args.lease_ttl_ms <= 0:
         return _usage("--lease-ttl-ms must be positive")
-    program = command[0]
-    if shutil.which(program) is None:
-        return _usage(f"command not found: {program}")
     try:
         Client(args.base).close()
     except ValueError as exc:
         return _usage(f"--base: {exc}")
+    program = command[0]
+    if shutil.which(program) is None:
+        return _usage(f"command not found: {program}")
     options = WorkerOptions(
         role=args.role,
         command=command,
