@@ -9,6 +9,8 @@ import pytest
 
 from nulltickets.worker import _exit_reason, add_arguments, build_parser, main_from_args
 
+PY = sys.executable
+
 
 def test_an_exit_is_told_by_status_or_signal() -> None:
     assert _exit_reason(7) == "command exited with status 7"
