@@ -332,6 +332,55 @@ def test_a_write_whose_answer_is_lost_is_replayed_not_applied_twice(
         proxy.close()
 
 
+def test_a_claim_whose_answer_is_lost_hands_back_the_same_lease_not_a_leaked_one(
+    own_server: Server,
+) -> None:
+    with Client(own_server.base) as api:
+        role = unique("coder")
+        task_id = api.create_task(pipeline(api, role), "t")
+    proxy = Proxy(own_server, match="/leases/claim", drop=1)
+    try:
+        with Client(f"http://127.0.0.1:{proxy.port}") as api:
+            claimed = api.claim("a1", role)
+            assert proxy.dropped == 1
+            assert claimed is not None and claimed.task.id == task_id
+            assert claimed.run.attempt == 1
+            # The token of the replayed claim is the live one.
+            api.heartbeat(claimed.lease_id, claimed.lease_token, expected_fence=claimed.fence)
+            assert api.claim("a2", role) is None
+            api.transition(claimed.run.id, claimed.lease_token, "complete")
+            assert api.get_task(task_id).previous_failures == []
+    finally:
+        proxy.close()
+
+
+def test_the_async_client_replays_a_write_whose_answer_is_lost(own_server: Server) -> None:
+    with Client(own_server.base) as api:
+        role = unique("coder")
+        api.create_task(pipeline(api, role), "t")
+        claimed = api.claim("a1", role)
+        assert claimed is not None
+    proxy = Proxy(own_server, match="/checkpoint", drop=1)
+
+    async def main() -> list[str]:
+        async with AsyncClient(f"http://127.0.0.1:{proxy.port}") as aapi:
+            await aapi.checkpoint(claimed.run.id, claimed.lease_token, {"step": 1})
+            await aapi.event(claimed.run.id, claimed.lease_token, "after")
+            page = await aapi.list_events(claimed.run.id)
+            return [e.kind for e in page.items]
+
+    try:
+        kinds = asyncio.run(main())
+        assert proxy.dropped == 1
+        assert kinds == ["checkpoint", "after"]  # the lost checkpoint was written once
+        with Client(own_server.base) as api:
+            assert msgspec.json.decode(api.get_checkpoint(claimed.task.id).checkpoint) == {
+                "step": 1
+            }
+    finally:
+        proxy.close()
+
+
 def test_the_client_speaks_https(own_server: Server, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
