@@ -332,7 +332,14 @@ class _Heartbeat:
         self.lost: ApiError | None = None
         self.done = threading.Event()
         opts = worker.options
-        self.api = Client(opts.base_url, opts.token, retry=FOREVER, on_retry=self._retrying)
+        # A hung server must not hold a heartbeat past the lease: give up an attempt early.
+        self.api = Client(
+            opts.base_url,
+            opts.token,
+            timeout=max(1.0, self.ttl_s / 3),
+            retry=FOREVER,
+            on_retry=self._retrying,
+        )
         self.thread = threading.Thread(target=self._beat, daemon=True)
         self.failures = 0
 
