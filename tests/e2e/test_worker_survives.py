@@ -688,11 +688,12 @@ def test_a_worker_keeps_waiting_while_the_server_is_down_and_works_when_it_is_ba
 def test_a_heartbeat_that_cannot_reach_the_server_is_retried_and_the_command_keeps_running(
     own_server: Server, tmp_path: Path
 ) -> None:
-    go = tmp_path / "go"
+    go, started = tmp_path / "go", tmp_path / "started"
     waiter = [
         sys.executable,
         "-c",
         "import pathlib, time\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
         f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
         "print('nulltickets:trigger=complete')",
     ]
@@ -700,13 +701,22 @@ def test_a_heartbeat_that_cannot_reach_the_server_is_retried_and_the_command_kee
         role = unique("coder")
         task_id = api.create_task(pipeline(api, role), "t")
         log = tmp_path / "worker.log"
-        w = start_worker(own_server, role, waiter, "--once", "--lease-ttl-ms", "15000", log=log)
-        wait_for("the claim", lambda: "attempt 1" in log.read_text(), 30)
-        own_server.kill()
-        wait_for("a heartbeat to fail", lambda: "heartbeat" in log.read_text(), 30)
-        own_server.start()
-        wait_for("a heartbeat to succeed", lambda: "heartbeat reached" in log.read_text(), 30)
-        go.touch()
-        assert w.wait(60) == 0, log.read_text()
+        # A lease long enough to outlast a slow restart: a heartbeat every 10 s.
+        w = start_worker(own_server, role, waiter, "--once", "--lease-ttl-ms", "30000", log=log)
+        try:
+            # Started: the check of the lease before the command is over, only beats remain.
+            wait_for("the command to start", started.exists, 60)
+            own_server.kill()
+            wait_for("a heartbeat to fail", lambda: "heartbeat:" in log.read_text(), 60)
+            own_server.start()
+            wait_for("a heartbeat to succeed", lambda: "heartbeat reached" in log.read_text(), 60)
+            go.touch()
+            assert w.wait(60) == 0, log.read_text()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{log.read_text()}") from exc
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
         task = api.get_task(task_id)
         assert task.stage == "done" and task.previous_failures == []
