@@ -7,20 +7,29 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py cext/core.py
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
+
+# PostgreSQL from the distribution's packages, for the tests that start their own server
+# (tests/pgserver.py); a no-op once pg_ctl is there.
+postgres:
+	@bash scripts/postgres.sh install
+
+# curl and jq for the README's examples (a no-op once they are there).
+test-tools:
+	@bash scripts/test-tools.sh
 
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install
+test: install postgres test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -52,11 +61,20 @@ soak: install
 		$(PY) -m pytest tests/reliability $(PYTEST_ARGS); status=$$?; \
 	$(PY) scripts/reliability_report.py reliability-results.json RELIABILITY.md && exit $$status
 
+# The long power-cut suite alone (tests/reliability/test_power_cut.py: 50 cuts with full, 20 with
+# normal); its rows replace that suite's in reliability-results.json, the other suites' stay.
+.PHONY: soak-power-cut
+soak-power-cut: install
+	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=power-cut-results.json \
+		$(PY) -m pytest tests/reliability/test_power_cut.py $(PYTEST_ARGS); status=$$?; \
+	$(PY) scripts/reliability_report.py --merge power-cut-results.json \
+		reliability-results.json RELIABILITY.md && rm -f power-cut-results.json && exit $$status
+
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
 binary: install
-	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
 	$(PY) build/binary.py
 
 # The e2e suite against the built executable instead of `python -m nulltickets`.
@@ -66,6 +84,6 @@ test-binary: install
 
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install
-	$(PY) -m pip install --quiet -e '.[binary]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py

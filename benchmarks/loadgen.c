@@ -194,6 +194,15 @@ static void print_series(const Series *s) {
     putchar(']');
 }
 
+static void connect_agent(Agent *a, int ep, const struct sockaddr_in *addr) {
+    a->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (a->fd < 0 || connect(a->fd, (const struct sockaddr *)addr, sizeof *addr) < 0) die("connect");
+    int one = 1;
+    setsockopt(a->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = a};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, a->fd, &ev) < 0) die("epoll_ctl");
+}
+
 int main(int argc, char **argv) {
     if (argc != 7) {
         fprintf(stderr, "usage: loadgen PORT AGENTS ROLE TRIGGER START_EPOCH_S NAME_PREFIX\n");
@@ -212,15 +221,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         Agent *a = &agents[i];
         snprintf(a->name, sizeof a->name, "%s-%d", argv[6], i);
-        a->fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (a->fd < 0 || connect(a->fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("connect");
-        int one = 1;
-        setsockopt(a->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         a->in_cap = 65536;
         a->in = malloc(a->in_cap);
         if (!a->in) abort();
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = a};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, a->fd, &ev) < 0) die("epoll_ctl");
+        connect_agent(a, ep, &addr);
     }
 
     struct timespec wall;
@@ -246,6 +250,7 @@ int main(int argc, char **argv) {
         }
         for (int k = 0; k < ready; k++) {
             Agent *a = events[k].data.ptr;
+            int eof = 0;
             for (;;) {
                 if (a->in_len == a->in_cap) {
                     a->in_cap *= 2;
@@ -254,22 +259,31 @@ int main(int argc, char **argv) {
                 }
                 ssize_t got = recv(a->fd, a->in + a->in_len, a->in_cap - a->in_len, MSG_DONTWAIT);
                 if (got < 0 && errno == EAGAIN) break;
-                if (got <= 0) {
-                    fprintf(stderr, "loadgen: connection closed by the server\n");
-                    return 3;
+                if (got <= 0) { /* answers with Connection: close (the 204s) end so */
+                    eof = 1;
+                    break;
                 }
                 a->in_len += (size_t)got;
             }
             const char *body;
             size_t len;
             int status = response(a, &body, &len);
-            if (!status) continue;
+            if (!status) {
+                if (eof) {
+                    fprintf(stderr, "loadgen: connection closed by the server mid-answer\n");
+                    return 3;
+                }
+                continue;
+            }
             finished(a, status, body, len);
-            if (a->done) {
+            if (a->done || eof) {
                 epoll_ctl(ep, EPOLL_CTL_DEL, a->fd, NULL);
                 close(a->fd);
+            }
+            if (a->done) {
                 live--;
             } else {
+                if (eof) connect_agent(a, ep, &addr);
                 flush_out(a);
             }
         }

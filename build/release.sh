@@ -25,7 +25,7 @@ if [ -n "${NULLTICKETS_FROM_SOURCE:-}" ]; then
 fi
 # Editable: the package build compiles nulltickets._core in place (next to the sources) where a
 # compiler exists, and Nuitka compiles src/nulltickets, so it finds the extension there.
-"$py" -m pip install "${pip_args[@]}" -e '.[binary]'
+"$py" -m pip install "${pip_args[@]}" -c constraints.txt -e '.[binary]'
 "$py" -c 'import sys, granian, apsw, msgspec; print(sys.version); print("granian", granian.__version__, "apsw", apsw.apsw_version(), "SQLite", apsw.sqlite_lib_version())'
 
 "$py" build/binary.py ${NULLTICKETS_BUILD_ARGS:-}

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${1:?usage: build/test-binary.sh PYTHON BINARY}
 binary=${2:?usage: build/test-binary.sh PYTHON BINARY}
-"$py" -c 'import pytest' 2>/dev/null || "$py" -m pip install --quiet -e '.[dev]'
+"$py" -c 'import pytest' 2>/dev/null || "$py" -m pip install --quiet -c constraints.txt -e '.[dev]'
 "$py" build/smoke.py "$binary"
 # The onefile binary unpacks itself once into $XDG_CACHE_HOME (else ~/.cache); some tests point
 # HOME at a temporary directory and check that nothing was written there, so the unpacked copy

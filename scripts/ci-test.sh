@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 python -m venv .venv-ci
 if [ -x .venv-ci/Scripts/python.exe ]; then py=.venv-ci/Scripts/python.exe; else py=.venv-ci/bin/python; fi
 "$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet -e '.[dev]'
+"$py" -m pip install --quiet -c constraints.txt -e '.[dev]'
 "$py" -m pytest "$@"

@@ -45,6 +45,7 @@ from nulltickets.domain.model import (
     StoreEntry,
     TaskCheckpoint,
     TaskDetails,
+    TaskEventPage,
     TaskPage,
     TraceIngest,
     TransitionResult,
@@ -252,11 +253,14 @@ class AsyncClient:
         *,
         stage: str | None = None,
         pipeline_id: str | None = None,
+        role: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> TaskPage:
         return await self.run(
-            Calls.list_tasks(stage=stage, pipeline_id=pipeline_id, limit=limit, cursor=cursor)
+            Calls.list_tasks(
+                stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+            )
         )
 
     async def get_task(self, task_id: str) -> TaskDetails:
@@ -274,11 +278,23 @@ class AsyncClient:
         stage: str | None = None,
         reset_attempts: bool = False,
         reason: str | None = None,
+        *,
+        actor: str | None = None,
     ) -> TaskDetails:
-        return await self.run(Calls.requeue(task_id, stage, reset_attempts, reason))
+        """Make a dead-lettered, cancelled, failed or waiting task claimable now."""
+        return await self.run(Calls.requeue(task_id, stage, reset_attempts, reason, actor=actor))
 
-    async def cancel(self, task_id: str, reason: str | None = None) -> TaskDetails:
-        return await self.run(Calls.cancel(task_id, reason))
+    async def cancel(
+        self, task_id: str, reason: str | None = None, *, actor: str | None = None
+    ) -> TaskDetails:
+        """Never claim the task again; its holder's next lease call gets 409 task_cancelled."""
+        return await self.run(Calls.cancel(task_id, reason, actor=actor))
+
+    async def list_task_events(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskEventPage:
+        """What operators did to the task (requeued, cancelled), oldest first."""
+        return await self.run(Calls.list_task_events(task_id, limit=limit, cursor=cursor))
 
     async def add_dependency(self, task_id: str, depends_on_task_id: str) -> None:
         return await self.run(Calls.add_dependency(task_id, depends_on_task_id))

@@ -65,6 +65,7 @@ from nulltickets.domain.model import (
     StoreEntry,
     TaskCheckpoint,
     TaskDetails,
+    TaskEventPage,
     TaskPage,
     TraceIngest,
     TransitionResult,
@@ -326,10 +327,13 @@ class Calls:
         *,
         stage: str | None = None,
         pipeline_id: str | None = None,
+        role: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Call[TaskPage]:
-        path = _query("/tasks", stage=stage, pipeline_id=pipeline_id, limit=limit, cursor=cursor)
+        path = _query(
+            "/tasks", stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+        )
         return Call("GET", path, _as(TaskPage), repeatable=True)
 
     @staticmethod
@@ -354,15 +358,29 @@ class Calls:
         stage: str | None = None,
         reset_attempts: bool = False,
         reason: str | None = None,
+        *,
+        actor: str | None = None,
     ) -> Call[TaskDetails]:
-        body = _body({"stage": stage, "reset_attempts": reset_attempts, "reason": reason})
+        body = _body(
+            {"stage": stage, "reset_attempts": reset_attempts, "reason": reason, "actor": actor}
+        )
         path = f"/tasks/{_seg(task_id)}/requeue"
         return Call("POST", path, _as(TaskDetails), body, keyed=True)
 
     @staticmethod
-    def cancel(task_id: str, reason: str | None = None) -> Call[TaskDetails]:
+    def cancel(
+        task_id: str, reason: str | None = None, *, actor: str | None = None
+    ) -> Call[TaskDetails]:
+        body = _body({"reason": reason, "actor": actor})
         path = f"/tasks/{_seg(task_id)}/cancel"
-        return Call("POST", path, _as(TaskDetails), _body({"reason": reason}), keyed=True)
+        return Call("POST", path, _as(TaskDetails), body, keyed=True)
+
+    @staticmethod
+    def list_task_events(
+        task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Call[TaskEventPage]:
+        path = _query(f"/tasks/{_seg(task_id)}/events", limit=limit, cursor=cursor)
+        return Call("GET", path, _as(TaskEventPage), repeatable=True)
 
     @staticmethod
     def add_dependency(task_id: str, depends_on_task_id: str) -> Call[None]:
@@ -1009,11 +1027,14 @@ class Client:
         *,
         stage: str | None = None,
         pipeline_id: str | None = None,
+        role: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> TaskPage:
         return self.run(
-            Calls.list_tasks(stage=stage, pipeline_id=pipeline_id, limit=limit, cursor=cursor)
+            Calls.list_tasks(
+                stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+            )
         )
 
     def get_task(self, task_id: str) -> TaskDetails:
@@ -1031,11 +1052,23 @@ class Client:
         stage: str | None = None,
         reset_attempts: bool = False,
         reason: str | None = None,
+        *,
+        actor: str | None = None,
     ) -> TaskDetails:
-        return self.run(Calls.requeue(task_id, stage, reset_attempts, reason))
+        """Make a dead-lettered, cancelled, failed or waiting task claimable now."""
+        return self.run(Calls.requeue(task_id, stage, reset_attempts, reason, actor=actor))
 
-    def cancel(self, task_id: str, reason: str | None = None) -> TaskDetails:
-        return self.run(Calls.cancel(task_id, reason))
+    def cancel(
+        self, task_id: str, reason: str | None = None, *, actor: str | None = None
+    ) -> TaskDetails:
+        """Never claim the task again; its holder's next lease call gets 409 task_cancelled."""
+        return self.run(Calls.cancel(task_id, reason, actor=actor))
+
+    def list_task_events(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskEventPage:
+        """What operators did to the task (requeued, cancelled), oldest first."""
+        return self.run(Calls.list_task_events(task_id, limit=limit, cursor=cursor))
 
     def add_dependency(self, task_id: str, depends_on_task_id: str) -> None:
         return self.run(Calls.add_dependency(task_id, depends_on_task_id))

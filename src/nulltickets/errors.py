@@ -180,6 +180,30 @@ class LeaseSuperseded(TrackerError):
     code = "lease_superseded"
 
 
+class TaskCancelled(TrackerError):
+    """The task was cancelled by an operator; this lease was revoked."""
+
+    code = "task_cancelled"
+
+
+class TaskLeased(TrackerError):
+    """The task is held under a live lease; cancel it, or wait for the lease to end."""
+
+    code = "task_leased"
+
+
+class TaskFinished(TrackerError):
+    """The task sits in a terminal stage."""
+
+    code = "task_finished"
+
+
+class InvalidStage(TrackerError):
+    """The stage is not a non-terminal stage of the task's pipeline."""
+
+    code = "invalid_stage"
+
+
 class IdempotencyConflict(TrackerError):
     """Idempotency-Key was already used with a different request body."""
 

@@ -10,6 +10,9 @@ import sys
 from nulltickets import __version__, core
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
 
+# Seconds granian's main process waits for its worker to stop before it kills it.
+WORKER_KILL_TIMEOUT_S = 3
+
 
 def version_line() -> str:
     return f"nulltickets v{__version__} (core: {core.IMPLEMENTATION})"
@@ -50,6 +53,28 @@ def check_settings(settings: Settings) -> None:
             f"refusing to listen on {settings.host} without a token; "
             "pass --token (or set api_token in the config) or bind 127.0.0.1"
         )
+    check_port(settings.host, settings.port)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port something already listens on. granian listens with SO_REUSEPORT, so a
+    second server would otherwise share the port with the first (and its own database), and
+    a foreign listener would only show up as a traceback after "listening on"."""
+    if port == 0:
+        return
+    address = bind_address(host)
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        if sys.platform != "win32":  # elsewhere SO_REUSEADDR would let the bind steal the port
+            # Only lets the bind pass sockets in TIME_WAIT, never a listener.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                "(is another server running there? stop it or pass --port)"
+            ) from None
 
 
 def preflight(settings: Settings) -> None:
@@ -94,6 +119,10 @@ def serve(settings: Settings) -> None:
         http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),
         log_enabled=True,
         log_access=settings.access_log,
+        # On SIGTERM the worker answers waiting long-polls and finishes what is in flight
+        # (http/app.py); one that is stuck beyond this is killed, so a supervisor never waits
+        # on us for long.
+        workers_kill_timeout=WORKER_KILL_TIMEOUT_S,
     )
     # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
     server.serve(target_loader=load_app)  # type: ignore[arg-type]

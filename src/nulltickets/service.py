@@ -20,6 +20,7 @@ from nulltickets.domain import fsm
 from nulltickets.domain.commands import (
     AppendEvent,
     Assign,
+    CancelTask,
     Claim,
     CreateArtifact,
     CreatePipeline,
@@ -29,6 +30,7 @@ from nulltickets.domain.commands import (
     MoveTask,
     PutValue,
     ReleaseRun,
+    RequeueTask,
     WriteCheckpoint,
     compact_json,
 )
@@ -58,6 +60,7 @@ from nulltickets.domain.model import (
     TaskAssignment,
     TaskCheckpoint,
     TaskDetails,
+    TaskEvent,
     TraceIngest,
     TransitionResult,
 )
@@ -72,6 +75,7 @@ from nulltickets.errors import (
     InvalidJson,
     InvalidPipeline,
     InvalidQuery,
+    InvalidStage,
     LeaseExpired,
     LeaseNotFound,
     LeaseSuperseded,
@@ -82,6 +86,9 @@ from nulltickets.errors import (
     RunNotFound,
     RunNotRunning,
     StorageQueryError,
+    TaskCancelled,
+    TaskFinished,
+    TaskLeased,
     TaskNotFound,
     TaskVersionMismatch,
     TrackerError,
@@ -273,6 +280,10 @@ class Tracker:
         details.previous_failures = b.previous_failures(task_id)
         if latest is not None:
             details.latest_run = latest
+        if task.dead_letter_reason is not None:  # only a parked task can be cancelled
+            cancelled_at, reason = b.task_cancellation(task_id)
+            if cancelled_at is not None:
+                details.cancelled_at_ms, details.cancel_reason = cancelled_at, reason
         return details
 
     @staticmethod
@@ -297,8 +308,15 @@ class Tracker:
         pipeline_id: str | None,
         after: tuple[int, str] | None,
         limit: int,
+        agent_role: str | None = None,
     ) -> tuple[list[Task], str | None]:
-        rows = b.list_tasks(stage=stage, pipeline_id=pipeline_id, after=after, limit=limit + 1)
+        rows = b.list_tasks(
+            stage=stage,
+            pipeline_id=pipeline_id,
+            after=after,
+            limit=limit + 1,
+            agent_role=agent_role,
+        )
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
 
     def run_state(self, b: Backend, task_id: str) -> str:
@@ -338,6 +356,121 @@ class Tracker:
 
     def list_assignments(self, b: Backend, task_id: str) -> list[Assignment]:
         return b.list_assignments(task_id)
+
+    # --- operator verbs ------------------------------------------------------------------------
+
+    def requeue(self, b: Backend, task_id: str, cmd: RequeueTask, now: int) -> TaskDetails:
+        """Make a task claimable now: dead-lettered, cancelled, waiting out a retry delay or
+        simply waiting. Without `cmd.stage` it stays in its stage, except that a task a
+        dead-letter policy moved goes back to the stage it was dead-lettered from; a task in
+        a terminal stage (done) needs an explicit stage. A task under a live lease: 409."""
+        if not b.task_exists(task_id):
+            raise TaskNotFound()
+        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
+            self.reap_expired(b, now)
+        task = b.get_task(task_id)
+        assert task is not None
+        pipeline = self._definition(b, task.pipeline_id)
+        if pipeline is None:
+            raise TrackerError("the task's pipeline cannot be read")
+        if b.live_lease_of_task(task_id) is not None:
+            raise TaskLeased("the task is held under a live lease; cancel it first")
+        cancelled_at, _ = b.task_cancellation(task_id)
+        if cmd.stage is not None:
+            state = pipeline.states.get(cmd.stage)
+            if state is None:
+                raise InvalidStage(f"stage {cmd.stage!r} is not a state of the task's pipeline")
+            if state.terminal:
+                raise InvalidStage(f"stage {cmd.stage!r} is terminal: nothing would claim it")
+            target = cmd.stage
+        else:
+            target = self._stage_before_dead_letter(b, task) or task.stage
+            if pipeline.is_terminal(target):
+                raise TaskFinished(
+                    f"the task is in the terminal stage {target!r}; requeue it with a stage"
+                )
+        was = (
+            "cancelled"
+            if cancelled_at is not None
+            else "dead_lettered"
+            if task.dead_letter_reason is not None
+            else "retry_wait"
+            if task.next_eligible_at_ms > now
+            else "waiting"
+        )
+        b.requeue_task(
+            task_id,
+            stage=target,
+            version_bump=int(target != task.stage),
+            reset_attempts=bool(cmd.reset_attempts),
+            now=now,
+        )
+        data = {
+            "actor": cmd.actor,
+            "reason": cmd.reason,
+            "was": was,
+            "from_stage": task.stage,
+            "to_stage": target,
+            "reset_attempts": bool(cmd.reset_attempts),
+        }
+        b.insert_task_event(task_id, "requeued", _json(data), now)
+        self._signal(b, task.pipeline_id, target)
+        return self.get_task(b, task_id)
+
+    @staticmethod
+    def _stage_before_dead_letter(b: Backend, task: Task) -> str | None:
+        """The stage a dead-lettered task was moved out of by its dead-letter policy (None if
+        it is not dead-lettered, or stayed where it failed)."""
+        if task.dead_letter_reason is None or task.dead_letter_reason == "cancelled":
+            return None
+        raw = b.last_dead_letter(task.id)
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("dead_letter_stage") != task.stage:
+            return None
+        from_stage = data.get("from_stage")
+        return from_stage if isinstance(from_stage, str) else None
+
+    def cancel(self, b: Backend, task_id: str, cmd: CancelTask, now: int) -> TaskDetails:
+        """Never claim the task again. A live lease is revoked: its run ends `cancelled` and
+        its holder's next lease call gets 409 task_cancelled. Cancelling again changes
+        nothing. A task in a terminal stage is finished and cannot be cancelled (409)."""
+        if not b.task_exists(task_id):
+            raise TaskNotFound()
+        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
+            self.reap_expired(b, now)
+        task = b.get_task(task_id)
+        assert task is not None
+        cancelled_at, _ = b.task_cancellation(task_id)
+        if cancelled_at is not None:
+            return self.get_task(b, task_id)  # cancelled already: the same answer again
+        pipeline = self._definition(b, task.pipeline_id)
+        if pipeline is not None and pipeline.is_terminal(task.stage):
+            raise TaskFinished(f"the task is in the terminal stage {task.stage!r}")
+        revoked = b.live_lease_of_task(task_id)
+        data: dict[str, Any] = {"actor": cmd.actor, "reason": cmd.reason, "stage": task.stage}
+        if revoked is not None:
+            lease_id, run_id, _expires = revoked
+            b.end_run(run_id, RunStatus.CANCELLED, "{}", cmd.reason or "cancelled", now)
+            b.delete_lease(lease_id)
+            b.insert_event(run_id, "cancelled", _json({**data, "lease_id": lease_id}), now)
+            self._signal(b, task.pipeline_id, task.stage)  # capacity is free in the stage
+            data["revoked_run_id"] = run_id
+        b.cancel_task(task_id, cmd.reason, core.DEAD_LETTER_ELIGIBLE_AT, now)
+        b.insert_task_event(task_id, "cancelled", _json(data), now)
+        return self.get_task(b, task_id)
+
+    def list_task_events(
+        self, b: Backend, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskEvent], str | None]:
+        if not b.task_exists(task_id):
+            raise TaskNotFound()
+        rows = b.list_task_events(task_id, after, limit + 1)
+        return _page(rows, limit, lambda e: str(e.id))
 
     # --- leases --------------------------------------------------------------------------------
 
@@ -533,6 +666,8 @@ class Tracker:
                 raise LeaseSuperseded(
                     f"the task was claimed again: fence {current}, not {expected_fence}"
                 )
+        if lease is None and b.run_status(run_id) == RunStatus.CANCELLED:
+            raise TaskCancelled()
         return self._live_lease(lease, token_hash, now)
 
     def heartbeat(
@@ -545,6 +680,8 @@ class Tracker:
                 raise LeaseSuperseded(
                     f"the task was claimed again: fence {current}, not {cmd.expected_fence}"
                 )
+        if lease is None and b.run_status_of_lease(lease_id) == RunStatus.CANCELLED:
+            raise TaskCancelled()
         return self._extend(b, self._live_lease(lease, token_hash, now), cmd.lease_ttl_ms, now)
 
     def _extend(self, b: Backend, lease: LeaseRow, requested_ttl: int | None, now: int) -> int:

@@ -174,6 +174,55 @@ def test_openapi_applies_bearer_security_to_lease_routes(client: Client) -> None
         assert any(set(req) & set(bearer) for req in security), (path, security)
 
 
+def test_openapi_security_lets_admin_routes_go_without_a_token_and_lease_routes_not(
+    client: Client,
+) -> None:
+    doc = client.get("/openapi.json").json
+    assert doc["components"]["securitySchemes"] == {
+        "bearerAuth": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": doc["components"]["securitySchemes"]["bearerAuth"]["description"],
+        }
+    }
+    # The admin routes' security is the document's: a token, or none ({}).
+    assert doc["security"] == [{"bearerAuth": []}, {}]
+    lease_paths = ("/leases/{}/heartbeat", "/runs/{}/")
+    seen = set()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            security = op.get("security", doc["security"])
+            if path in ("/health", "/openapi.json", "/.well-known/openapi.json"):
+                kind, expected = "none", []
+            elif template(path).startswith(lease_paths) and method != "get":
+                kind, expected = "lease", [{"bearerAuth": []}]
+            else:
+                kind, expected = "admin", [{"bearerAuth": []}, {}]
+            assert security == expected, (method, path, security)
+            seen.add(kind)
+    assert seen == {"none", "lease", "admin"}
+
+
+def test_openapi_types_the_pipeline_definition(client: Client) -> None:
+    schemas = client.get("/openapi.json").json["components"]["schemas"]
+    ref = {"$ref": "#/components/schemas/PipelineDefinition"}
+    assert schemas["CreatePipeline"]["properties"]["definition"] == ref
+    assert schemas["Pipeline"]["properties"]["definition"] == ref
+    definition = schemas["PipelineDefinition"]
+    assert set(definition["required"]) == {"initial", "states", "transitions"}
+    states = definition["properties"]["states"]
+    assert states["type"] == "object"
+    assert states["additionalProperties"] == {"$ref": "#/components/schemas/StateDefinition"}
+    state = schemas["StateDefinition"]["properties"]
+    assert {"agent_role", "terminal", "lease_ttl_ms", "retry_delay_ms", "retry_backoff"} <= set(
+        state
+    )
+    assert {"retry_max_delay_ms", "retry_jitter", "max_concurrency"} <= set(state)
+    transition = schemas["TransitionDefinition"]
+    assert set(transition["required"]) == {"from", "to", "trigger"}
+    assert {"instructions", "required_gates"} <= set(transition["properties"])
+
+
 # --- unknown paths and methods -----------------------------------------------------------------
 
 

@@ -56,3 +56,38 @@ def test_storage_imports_nothing_above_it() -> None:
             m for m in imports_of(path) if m.startswith(("nulltickets.http", "nulltickets.service"))
         }
         assert not above, f"{path} imports {above}"
+
+
+POSTGRES = ("psycopg", "psycopg_pool", "nulltickets.storage.postgres")
+ABOVE_STORAGE = [p for p in modules(SRC) if "storage" not in p.relative_to(SRC).parts]
+
+
+@pytest.mark.parametrize("path", ABOVE_STORAGE, ids=str)
+def test_nothing_above_storage_imports_the_postgres_driver_or_backend(path: Path) -> None:
+    bad = {m for m in imports_of(path) if m.startswith(POSTGRES)}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        SRC / "storage" / "backend.py",
+        SRC / "storage" / "queries.py",
+        *modules(SRC / "storage" / "sqlite"),
+    ],
+    ids=str,
+)
+def test_the_sqlite_storage_runs_without_the_postgres_extra(path: Path) -> None:
+    bad = {m for m in imports_of(path) if m.startswith(POSTGRES)}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_postgres_storage_imports_nothing_of_sqlite() -> None:
+    for path in modules(SRC / "storage" / "postgres"):
+        bad = {m for m in imports_of(path) if m.startswith(("apsw", "nulltickets.storage.sqlite"))}
+        assert not bad, f"{path} imports {bad}"
+
+
+def test_the_layer_tests_see_the_postgres_storage() -> None:
+    assert SRC / "storage" / "postgres" / "migrate.py" in modules(SRC / "storage" / "postgres")
+    assert len(ABOVE_STORAGE) > 10

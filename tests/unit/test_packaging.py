@@ -5,6 +5,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,3 +26,43 @@ def test_every_source_package_is_listed_for_the_build() -> None:
     assert found | {"nulltickets._cext"} == listed
     assert config["package-dir"]["nulltickets._cext"] == "cext"
     assert (ROOT / "cext" / "core.py").exists()
+
+
+def _requirements() -> list[str]:
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def _constraints() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt pins exact versions: {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_runtime_dependencies_are_compatible_ranges_not_pins() -> None:
+    for text in _requirements():
+        req = Requirement(text)
+        assert req.specifier, f"{req.name} has no version range"
+        for spec in req.specifier:
+            assert spec.operator not in ("==", "==="), f"{text}: a range, not an exact pin"
+        assert any(s.operator == "<" for s in req.specifier), f"{text}: no upper bound"
+
+
+def test_constraints_pin_every_runtime_dependency_inside_its_range() -> None:
+    pins = _constraints()
+    for text in _requirements():
+        req = Requirement(text)
+        version = pins.get(canonicalize_name(req.name))
+        assert version is not None, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(version, prereleases=True), (text, version)
+
+
+def test_the_license_the_metadata_names_is_there() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+    assert project["license-files"] == ["LICENSE"]

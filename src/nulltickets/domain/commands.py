@@ -128,6 +128,25 @@ class ReleaseRun(Struct):
     expected_fence: Int64 | None = None
 
 
+class RequeueTask(Struct):
+    """Make a task claimable now. `stage`: where (a non-terminal stage of its pipeline; absent:
+    the stage it failed in). `reset_attempts`: its failures so far stop counting against
+    max_attempts. `actor` and `reason` are recorded in the task's `requeued` event."""
+
+    stage: str | None = None
+    reset_attempts: bool | None = None
+    reason: str | None = None
+    actor: str | None = None
+
+
+class CancelTask(Struct):
+    """Never claim the task again; a live lease on it is revoked. `actor` and `reason` are
+    recorded in the task's `cancelled` event."""
+
+    reason: str | None = None
+    actor: str | None = None
+
+
 class CreateArtifact(Struct):
     kind: str
     uri: str

@@ -15,11 +15,12 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 
 class RunStatus(StrEnum):
     RUNNING = "running"  # left by transition (completed), fail (failed), lease expiry (stale)
-    #                      or a deliberate release (released)
+    #                      a deliberate release (released) or a cancel of its task (cancelled)
     COMPLETED = "completed"  # final
     FAILED = "failed"  # final; counts as a failed attempt
     STALE = "stale"  # final; its lease expired, which also counts as a failed attempt
     RELEASED = "released"  # final; put down on purpose, not a failed attempt
+    CANCELLED = "cancelled"  # final; its task was cancelled while leased, not a failed attempt
 
 
 class Pipeline(Struct):
@@ -106,6 +107,9 @@ class TaskDetails(Task):
     checkpoint: Raw = msgspec.field(default_factory=lambda: Raw(b"null"))
     fence: int = 0
     previous_failures: list[Failure] = msgspec.field(default_factory=list)
+    # Only on a cancelled task: when and why (POST /tasks/{id}/cancel; a requeue clears both).
+    cancelled_at_ms: int | UnsetType = UNSET
+    cancel_reason: str | UnsetType | None = UNSET
 
 
 class ClaimedTask(Task):
@@ -121,6 +125,16 @@ class ClaimedTask(Task):
 class Event(Struct):
     id: int
     run_id: str
+    ts_ms: int
+    kind: str
+    data: Raw
+
+
+class TaskEvent(Struct):
+    """Something an operator did to a task (`requeued`, `cancelled`), with who and why."""
+
+    id: int
+    task_id: str
     ts_ms: int
     kind: str
     data: Raw
@@ -214,6 +228,11 @@ class TaskPage(Struct):
 
 class EventPage(Struct):
     items: list[Event]
+    next_cursor: str | None
+
+
+class TaskEventPage(Struct):
+    items: list[TaskEvent]
     next_cursor: str | None
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import sys
+import threading
 import time
 from functools import partial
 from typing import Any
@@ -22,6 +26,14 @@ from nulltickets.storage.sqlite.database import Database
 log = logging.getLogger("nulltickets")
 
 JSON = ("content-type", "application/json")
+# A 204 carries no Content-Length (granian drops a zero one), and clients such as Zig's
+# std.http then read its body until the connection closes: close it at once.
+CLOSE = ("connection", "close")
+
+# How often the worker checks that the process that started it is still there.
+PARENT_CHECK_S = 0.5
+# After a shutdown begins, how long the worker may take before it exits regardless.
+SHUTDOWN_DEADLINE_S = 1.5
 
 
 class App:
@@ -45,6 +57,8 @@ class App:
         self.ctx = Context(db, tracker, self.settings.token)
         db.writer.on_commit(self._deliver_signals)
         self._upkeep = loop.create_task(self._maintain())
+        self._take_shutdown_signals(loop)
+        _watch_parent(loop, self._begin_shutdown)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._upkeep is not None:
@@ -55,6 +69,28 @@ class App:
             self.ctx.wakeups.close()
             self.ctx.db.close()
             self.ctx = None
+
+    def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGTERM/SIGINT first answer the waiting long-polls (204), then start granian's own
+        graceful stop, which finishes the requests in flight; __rsgi_del__ then commits what
+        is queued. Without this, a long-poll held the worker for up to its 30 s wait."""
+        stop = _granian_stop[0]
+        if stop is None:
+            return
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._begin_shutdown)
+        except (NotImplementedError, RuntimeError):  # Windows: granian's own handlers stay
+            return
+
+    def _begin_shutdown(self) -> None:
+        if self.ctx is not None and not self.ctx.wakeups.closing:
+            log.info("shutting down: answering %d waiting claims", self.ctx.wakeups.waiting())
+            self.ctx.wakeups.close()
+        stop = _granian_stop[0]
+        if stop is not None:
+            stop.set()
+        _exit_after(SHUTDOWN_DEADLINE_S)
 
     async def _maintain(self) -> None:
         """Expire overdue leases promptly (not only when someone claims) and drop old
@@ -109,6 +145,8 @@ class App:
                 raise
             status, body = error_response(exc)
         headers = [JSON]
+        if status == 204:
+            headers.append(CLOSE)
         extra = EXTRA_HEADERS.get(status)
         if extra:
             headers.extend(extra)
@@ -171,8 +209,75 @@ class App:
         return body
 
 
+# granian's shutdown signal of this worker process, caught as granian creates it (see load_app).
+_granian_stop: list[Any] = [None]
+
+
+def _catch_granian_stop() -> None:
+    """granian's worker makes its shutdown signal with `set_loop_signals(loop)` and keeps it to
+    itself; wrap that function (this runs in the worker before granian calls it) so the app can
+    answer its long-polls first and then set the signal itself."""
+    try:
+        import granian._signals as granian_signals
+    except ImportError:  # pragma: no cover - granian is a dependency
+        return
+    original: Any = getattr(granian_signals, "set_loop_signals", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return  # another granian: its own signal handling stays
+
+    def set_loop_signals(loop: Any) -> Any:
+        event = original(loop)
+        _granian_stop[0] = event
+        return event
+
+    set_loop_signals.__wrapped__ = original  # type: ignore[attr-defined]
+    granian_signals.set_loop_signals = set_loop_signals
+
+
+def _watch_parent(loop: asyncio.AbstractEventLoop, shutdown: Any) -> None:
+    """A worker whose parent died must not keep serving (and holding the port and the
+    database): on Linux the kernel sends SIGTERM when the parent goes (PR_SET_PDEATHSIG);
+    everywhere a thread notices that the parent changed and shuts down."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        log.warning("the server's main process (pid %d) is gone: shutting down", parent)
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            loop.call_soon_threadsafe(shutdown)
+        _exit_after(SHUTDOWN_DEADLINE_S)
+
+    threading.Thread(target=watch, name="nulltickets-parent-watch", daemon=True).start()
+
+
+_exiting = threading.Event()
+
+
+def _exit_after(seconds: float) -> None:
+    """The last resort of a shutdown: if the worker has not exited by then (a request that
+    never ends, a stuck call), it leaves without waiting further."""
+    if _exiting.is_set():
+        return
+    _exiting.set()
+
+    def leave() -> None:
+        time.sleep(seconds)
+        log.warning("shutdown took longer than %.1f s: exiting now", seconds)
+        os._exit(1)
+
+    threading.Thread(target=leave, name="nulltickets-exit-deadline", daemon=True).start()
+
+
 def load_app(target: str = "") -> App:
     """granian's target loader: runs inside the worker, configured through the environment."""
+    _catch_granian_stop()
     settings = Settings.from_env()
     logging.basicConfig(
         level=settings.log_level.upper(), format="[%(levelname)s] %(name)s: %(message)s"

@@ -23,6 +23,7 @@ from nulltickets.errors import (
     LeaseExpired,
     NotFound,
     ReservedNamespace,
+    TaskCancelled,
     Unauthorized,
 )
 from nulltickets.http.request import Request
@@ -194,9 +195,10 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
     limit = req.limit(50)
     after = req.composite_cursor()
     stage, pipeline_id = req.query.get("stage"), req.query.get("pipeline_id")
+    role = req.query.get("role")
     items, cursor = await ctx.read(
         lambda b: ctx.tracker.list_tasks(
-            b, stage=stage, pipeline_id=pipeline_id, after=after, limit=limit
+            b, stage=stage, pipeline_id=pipeline_id, after=after, limit=limit, agent_role=role
         )
     )
     return ok(200, {"items": items, "next_cursor": cursor})
@@ -205,6 +207,31 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
 async def get_task(ctx: Context, req: Request) -> Reply:
     task_id = req.params["id"]
     return ok(200, await ctx.read(lambda b: ctx.tracker.get_task(b, task_id)))
+
+
+async def requeue_task(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    # The body is optional: without one the task is requeued where it failed.
+    command = decode(cmd.RequeueTask, req.body) if req.body.strip() else cmd.RequeueTask()
+    return await ctx.write(
+        req, lambda b, now: ok(200, ctx.tracker.requeue(b, task_id, command, now))
+    )
+
+
+async def cancel_task(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    command = decode(cmd.CancelTask, req.body) if req.body.strip() else cmd.CancelTask()
+    return await ctx.write(
+        req, lambda b, now: ok(200, ctx.tracker.cancel(b, task_id, command, now))
+    )
+
+
+async def list_task_events(ctx: Context, req: Request) -> Reply:
+    task_id = req.params["id"]
+    limit = req.limit(100)
+    after = req.event_cursor()
+    items, cursor = await ctx.read(lambda b: ctx.tracker.list_task_events(b, task_id, after, limit))
+    return ok(200, {"items": items, "next_cursor": cursor})
 
 
 async def run_state(ctx: Context, req: Request) -> Reply:
@@ -290,7 +317,7 @@ async def claim(ctx: Context, req: Request) -> Reply:
             generation = ctx.wakeups.generation(role)
             reply = await ctx.write(req, execute, redact=redact, revive=revive)
             remaining = deadline - loop.time()
-            if reply.status != 204 or remaining <= 0:
+            if reply.status != 204 or remaining <= 0 or ctx.wakeups.closing:
                 return reply
             connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
             if not connected:  # nobody would receive a lease claimed now
@@ -352,7 +379,7 @@ async def list_events(ctx: Context, req: Request) -> Reply:
             now = now_ms()
             try:
                 await ctx.read(lambda b: ctx.tracker.check_run_lease(b, run_id, token_hash, now))
-            except (NotFound, LeaseExpired) as exc:
+            except (NotFound, LeaseExpired, TaskCancelled) as exc:
                 raise Unauthorized("needs the admin token or this run's lease token") from exc
     limit = req.limit(100)
     after = req.event_cursor()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -16,6 +16,51 @@ from nulltickets.http.errors import STATUS, ErrorBody, status_of
 from nulltickets.http.routes import ROUTES, Auth, Route
 
 REF = "#/components/schemas/{name}"
+ADMIN_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}, {}]  # a token, or none
+LEASE_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
+
+
+# The pipeline definition as documented. The server validates definitions itself
+# (domain/fsm.py, with messages naming the rule that failed), so these types only describe it.
+
+
+class StateDefinition(msgspec.Struct):
+    """A stage of the pipeline. A stage with an agent_role is claimed by agents of that role;
+    a terminal stage ends the task. The other keys are the stage's optional policy."""
+
+    agent_role: str | None = None
+    terminal: bool | None = None  # null or absent: not terminal
+    description: str | None = None
+    workflow_id: str | None = None
+    lease_ttl_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None
+    retry_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=31_536_000_000)] | None = None
+    retry_backoff: Annotated[float, msgspec.Meta(ge=1, le=100)] | None = None
+    retry_max_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=31_536_000_000)] | None = None
+    retry_jitter: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+
+
+class TransitionDefinition(msgspec.Struct):
+    """A move from one stage to another when the run holding the task sends `trigger`."""
+
+    from_: str = msgspec.field(name="from")
+    to: str
+    trigger: str
+    instructions: str | None = None
+    required_gates: list[str] | None = None
+
+
+class PipelineDefinition(msgspec.Struct):
+    """A pipeline: its stages by name, the transitions between them, and the initial stage
+    new tasks start in. At least one stage is terminal; every other stage has a way out."""
+
+    initial: str
+    states: dict[str, StateDefinition]
+    transitions: list[TransitionDefinition]
+
+
+# Free-form JSON fields of the wire types that carry a pipeline definition.
+_DEFINITION_FIELDS = (("CreatePipeline", "definition"), ("Pipeline", "definition"))
 
 
 def _operation_id(route: Route) -> str:
@@ -24,7 +69,7 @@ def _operation_id(route: Route) -> str:
 
 
 def _collect_types() -> list[Any]:
-    types: list[Any] = [ErrorBody]
+    types: list[Any] = [ErrorBody, PipelineDefinition]
     for route in ROUTES:
         for t in (route.request, route.response):
             if t is not None and t not in types:
@@ -68,7 +113,7 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         op["parameters"] = params
     if route.request is not None:
         op["requestBody"] = {
-            "required": route.pattern != "/leases/{id}/heartbeat",
+            "required": not route.optional_body,
             "content": {"application/json": {"schema": schemas[route.request]}},
         }
     success: dict[str, Any] = {"description": "Success"}
@@ -92,10 +137,16 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
         }
     op["responses"] = responses
-    if route.auth is Auth.LEASE:
-        op["security"] = [{"leaseToken": []}]
-    elif route.auth is Auth.ADMIN:
-        op["security"] = [{}, {"adminToken": []}]
+    # One bearer scheme. The document's own security, ADMIN_SECURITY, covers the admin routes
+    # (the admin token, needed only when the server has one: reading a run's events takes the
+    # admin or the lease token then). Writes under a lease need the lease token; ungated
+    # routes take none. Generators such as openapi-python-client read only an operation's
+    # own security, and take any non-empty one as "a token is required": so the admin routes
+    # inherit theirs and a generated client calls them with or without a token.
+    if route.auth is Auth.LEASE and route.method != "GET":
+        op["security"] = LEASE_SECURITY
+    elif route.auth is Auth.NONE:
+        op["security"] = []
     return op
 
 
@@ -104,6 +155,8 @@ def document() -> bytes:
     types = _collect_types()
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
     schemas = dict(zip(types, refs, strict=True))
+    for name, prop in _DEFINITION_FIELDS:
+        components[name]["properties"][prop] = schemas[PipelineDefinition]
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.pattern.replace("+}", "}"), {})[route.method.lower()] = _operation(
@@ -119,19 +172,17 @@ def document() -> bytes:
             '{"error": {"code", "message"}}.',
         },
         "servers": [{"url": "/"}],
+        "security": ADMIN_SECURITY,
         "paths": paths,
         "components": {
             "schemas": components,
             "securitySchemes": {
-                "adminToken": {
+                "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "The --token / api_token, when configured.",
-                },
-                "leaseToken": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "The lease_token returned by /leases/claim.",
+                    "description": "Admin routes: the server's --token / api_token, needed "
+                    "only when one is configured. Lease routes: the lease_token returned by "
+                    "/leases/claim.",
                 },
             },
         },

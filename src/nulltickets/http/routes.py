@@ -48,6 +48,7 @@ class Route:
     errors: tuple[type[e.TrackerError], ...] = ()
     query: tuple[Query, ...] = ()
     trailing: bool = False  # extra trailing segments are ignored
+    optional_body: bool = False  # the request body may be left out
     extra: bool = False  # not in the original's API (an addition of ours)
     tag: str = ""
 
@@ -97,7 +98,7 @@ PAGE = (
     Query("limit", "Page size, 1..1000.", "integer"),
     Query("cursor", "The next_cursor of the previous page."),
 )
-LEASE_ERRORS = (e.Unauthorized, e.NotFound, e.LeaseExpired, e.LeaseSuperseded)
+LEASE_ERRORS = (e.Unauthorized, e.NotFound, e.LeaseExpired, e.LeaseSuperseded, e.TaskCancelled)
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -184,6 +185,7 @@ ROUTES: tuple[Route, ...] = (
         query=(
             Query("stage", "Only tasks in this stage."),
             Query("pipeline_id", "Only tasks of this pipeline."),
+            Query("role", "Only tasks in stages whose agent_role is this role."),
             *PAGE,
         ),
         tag="tasks",
@@ -195,6 +197,50 @@ ROUTES: tuple[Route, ...] = (
         "A task with its latest run, dependencies, assignments and available transitions.",
         response=model.TaskDetails,
         errors=(e.NotFound,),
+        tag="tasks",
+    ),
+    Route(
+        "POST",
+        "/tasks/{id}/requeue",
+        h.requeue_task,
+        "Make a dead-lettered, cancelled, failed or waiting task claimable now: in the given "
+        "non-terminal stage, or in the stage it failed in (a task a dead-letter policy moved "
+        "goes back to the stage it was dead-lettered from; a task in a terminal stage needs "
+        "a stage). Clears the dead-letter, the cancellation and any retry delay; with "
+        "reset_attempts its failures so far stop counting against max_attempts. Records a "
+        "`requeued` task event. The body is optional.",
+        request=cmd.RequeueTask,
+        response=model.TaskDetails,
+        errors=(e.InvalidJson, e.TaskNotFound, e.InvalidStage, e.TaskLeased, e.TaskFinished),
+        extra=True,
+        optional_body=True,
+        tag="tasks",
+    ),
+    Route(
+        "POST",
+        "/tasks/{id}/cancel",
+        h.cancel_task,
+        "Cancel a task: it is never claimed again (until requeued). A live lease is revoked "
+        "at once: its run ends `cancelled` and the holder's next lease call gets 409 "
+        "task_cancelled. A cancelled task does not count as resolved for tasks that depend "
+        "on it. Cancelling again answers the same; a task in a terminal stage cannot be "
+        "cancelled. Records a `cancelled` task event. The body is optional.",
+        request=cmd.CancelTask,
+        response=model.TaskDetails,
+        errors=(e.InvalidJson, e.TaskNotFound, e.TaskFinished),
+        extra=True,
+        optional_body=True,
+        tag="tasks",
+    ),
+    Route(
+        "GET",
+        "/tasks/{id}/events",
+        h.list_task_events,
+        "What operators did to the task (requeued, cancelled), oldest first.",
+        response=model.TaskEventPage,
+        errors=(e.TaskNotFound, e.InvalidLimit, e.InvalidCursor),
+        query=PAGE,
+        extra=True,
         tag="tasks",
     ),
     Route(
@@ -279,6 +325,7 @@ ROUTES: tuple[Route, ...] = (
         response=h.ExpiresBody,
         errors=(*LEASE_ERRORS, e.InvalidJson, e.InvalidLeaseTtl),
         trailing=True,
+        optional_body=True,
         tag="leases",
     ),
     Route(
@@ -361,6 +408,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(*LEASE_ERRORS, e.InvalidJson),
         trailing=True,
         extra=True,
+        optional_body=True,
         tag="runs",
     ),
     Route(

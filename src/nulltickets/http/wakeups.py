@@ -18,6 +18,7 @@ class Wakeups:
         self._generation: dict[str, int] = defaultdict(int)
         self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
         self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        self.closing = False  # the server is stopping: nobody waits any more
 
     def generation(self, role: str) -> int:
         return self._generation[role]
@@ -48,7 +49,7 @@ class Wakeups:
     async def wait(self, role: str, since: int, timeout_s: float, disconnected: Any = None) -> bool:
         """Wait until `role` is woken after generation `since`, the timeout passes, or
         `disconnected` (an awaitable) completes. Returns False if the client went away."""
-        if self._generation[role] != since:
+        if self._generation[role] != since or self.closing:
             return True
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
@@ -68,6 +69,8 @@ class Wakeups:
         return gone is None or not gone.done() or gone.cancelled()
 
     def close(self) -> None:
+        """Answer every waiter now, and every later wait at once (the server is stopping)."""
+        self.closing = True
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()

@@ -25,6 +25,7 @@ from nulltickets.domain.model import (
     StageCount,
     StoreEntry,
     Task,
+    TaskEvent,
 )
 
 
@@ -56,6 +57,7 @@ class Backend(Protocol):
         pipeline_id: str | None,
         after: tuple[int, str] | None,
         limit: int,
+        agent_role: str | None = None,
     ) -> list[Task]: ...
 
     def task_run_state(self, id: str) -> str | None: ...
@@ -179,6 +181,34 @@ class Backend(Protocol):
         next_eligible_at_ms: int,
         now: int,
     ) -> None: ...
+
+    def cancel_task(self, id: str, reason: str | None, next_eligible_at_ms: int, now: int) -> bool:
+        """Cancel a task that is not cancelled yet; False if it already was."""
+        ...
+
+    def requeue_task(
+        self, id: str, stage: str, version_bump: int, reset_attempts: bool, now: int
+    ) -> None: ...
+
+    def task_cancellation(self, id: str) -> tuple[int | None, str | None]:
+        """(cancelled_at_ms, cancel_reason) of a task; both None if it is not cancelled."""
+        ...
+
+    def live_lease_of_task(self, task_id: str) -> tuple[str, str, int] | None:
+        """(lease id, run id, expires_at_ms) of the task's running run, if it has one."""
+        ...
+
+    def run_status(self, id: str) -> str | None: ...
+
+    def run_status_of_lease(self, lease_id: str) -> str | None: ...
+
+    def last_dead_letter(self, task_id: str) -> str | None:
+        """The data JSON of the task's latest dead_letter event, if any."""
+        ...
+
+    def insert_task_event(self, task_id: str, kind: str, data_json: str, now: int) -> int: ...
+
+    def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]: ...
 
     def insert_artifact(self, **params: Any) -> None: ...
 

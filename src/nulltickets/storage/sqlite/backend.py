@@ -26,6 +26,7 @@ from nulltickets.domain.model import (
     StageCount,
     StoreEntry,
     Task,
+    TaskEvent,
 )
 from nulltickets.errors import StorageQueryError
 from nulltickets.storage.queries import load_queries
@@ -147,6 +148,7 @@ class SqliteBackend:
         pipeline_id: str | None,
         after: tuple[int, str] | None,
         limit: int,
+        agent_role: str | None = None,
     ) -> list[Task]:
         after_created, after_id = after if after is not None else (_MIN_TIME, "")
         params: dict[str, Any] = {
@@ -154,6 +156,9 @@ class SqliteBackend:
             "after_id": after_id,
             "limit": limit,
         }
+        if agent_role is not None:
+            params.update(agent_role=agent_role, stage=stage, pipeline_id=pipeline_id)
+            return [_task(r) for r in self._all("list_tasks_by_role", params)]
         if stage is not None and pipeline_id is not None:
             name = "list_tasks_by_pipeline_and_stage"
         elif stage is not None:
@@ -405,6 +410,61 @@ class SqliteBackend:
                 "now": now,
             },
         )
+
+    def cancel_task(self, id: str, reason: str | None, next_eligible_at_ms: int, now: int) -> bool:
+        """Cancel a task that is not cancelled yet; False if it already was."""
+        params = {
+            "id": id,
+            "reason": reason,
+            "next_eligible_at_ms": next_eligible_at_ms,
+            "now": now,
+        }
+        return self._exec("cancel_task", params) > 0
+
+    def requeue_task(
+        self, id: str, stage: str, version_bump: int, reset_attempts: bool, now: int
+    ) -> None:
+        params = {
+            "id": id,
+            "stage": stage,
+            "version_bump": version_bump,
+            "reset": int(reset_attempts),
+            "now": now,
+        }
+        self._exec("requeue_task", params)
+
+    def task_cancellation(self, id: str) -> tuple[int | None, str | None]:
+        """(cancelled_at_ms, cancel_reason) of a task; both None if it is not cancelled."""
+        row = self._one("task_cancellation", {"id": id})
+        return (None, None) if row is None else (row[0], row[1])
+
+    def live_lease_of_task(self, task_id: str) -> tuple[str, str, int] | None:
+        """(lease id, run id, expires_at_ms) of the task's running run, if it has one."""
+        row = self._one("live_lease_of_task", {"task_id": task_id})
+        return None if row is None else (row[0], row[1], row[2])
+
+    def run_status(self, id: str) -> str | None:
+        value: str | None = self._value("run_status", {"id": id})
+        return value
+
+    def run_status_of_lease(self, lease_id: str) -> str | None:
+        value: str | None = self._value("run_status_of_lease", {"lease_id": lease_id})
+        return value
+
+    def last_dead_letter(self, task_id: str) -> str | None:
+        """The data JSON of the task's latest dead_letter event, if any."""
+        value: str | None = self._value("last_dead_letter", {"task_id": task_id})
+        return value
+
+    def insert_task_event(self, task_id: str, kind: str, data_json: str, now: int) -> int:
+        params = {"task_id": task_id, "kind": kind, "data_json": data_json, "now": now}
+        self._exec("insert_task_event", params)
+        return int(self.conn.last_insert_rowid())
+
+    def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]:
+        params = {"task_id": task_id, "after_id": after_id, "limit": limit}
+        rows = self._all("list_task_events", params)
+        return [TaskEvent(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
 
     # --- artifacts -----------------------------------------------------------------------------
 

@@ -142,6 +142,23 @@ WHERE pipeline_id = :pipeline_id
 ORDER BY created_at_ms, id
 LIMIT :limit;
 
+-- list_tasks_by_role --
+-- Tasks in the stages a role works on (optionally one stage or pipeline): from the role's few
+-- stages to their tasks, never through the tasks of other stages.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM pipeline_stages AS s
+CROSS JOIN tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+    ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+WHERE s.agent_role = :agent_role
+    AND (:stage IS NULL OR s.stage = :stage)
+    AND (:pipeline_id IS NULL OR s.pipeline_id = :pipeline_id)
+    AND (t.created_at_ms, t.id) > (:after_created, :after_id)
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit;
+
 -- task_run_state --
 -- The original never writes tasks.run_id; fall back to the task's latest run.
 SELECT coalesce(
@@ -381,8 +398,10 @@ SET stage = :stage,
 WHERE id = :id AND task_version = :task_version;
 
 -- failed_attempts --
--- Failures and lease expiries, over the task's whole life.
-SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+-- Failures and lease expiries, over the task's whole life, less those a requeue wrote off.
+SELECT count(*) - (SELECT failures_forgiven FROM tasks WHERE id = :task_id)
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale');
 
 -- schedule_retry --
 UPDATE tasks
@@ -397,6 +416,73 @@ SET stage = :stage,
     next_eligible_at_ms = :next_eligible_at_ms,
     updated_at_ms = :now
 WHERE id = :id;
+
+-- cancel_task --
+-- Park the task for good: a non-null dead_letter_reason keeps it out of idx_tasks_claim (a
+-- dead-lettered task keeps its reason, so a requeue still knows where it came from).
+UPDATE tasks
+SET dead_letter_reason = coalesce(dead_letter_reason, 'cancelled'),
+    next_eligible_at_ms = :next_eligible_at_ms,
+    cancelled_at_ms = :now,
+    cancel_reason = :reason,
+    updated_at_ms = :now
+WHERE id = :id AND cancelled_at_ms IS NULL;
+
+-- requeue_task --
+-- Claimable now in :stage: no dead-letter or cancellation, no retry delay; with :reset, the
+-- failed attempts so far no longer count against max_attempts.
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    cancelled_at_ms = NULL,
+    cancel_reason = NULL,
+    failures_forgiven = CASE
+        WHEN :reset THEN (
+            SELECT count(*) FROM runs WHERE task_id = :id AND status IN ('failed', 'stale')
+        )
+        ELSE failures_forgiven
+    END,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- task_cancellation --
+SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
+
+-- live_lease_of_task --
+-- The lease of the task's running run, if any (at most one: a claim skips leased tasks).
+SELECT l.id, l.run_id, l.expires_at_ms
+FROM runs AS r
+JOIN leases AS l ON l.run_id = r.id
+WHERE r.task_id = :task_id AND r.status = 'running'
+LIMIT 1;
+
+-- run_status --
+SELECT status FROM runs WHERE id = :id;
+
+-- run_status_of_lease --
+SELECT status FROM runs WHERE lease_id = :lease_id;
+
+-- last_dead_letter --
+-- The data of the task's latest dead_letter event: where a dead-letter policy moved it from.
+SELECT e.data_json
+FROM runs AS r
+JOIN events AS e ON e.run_id = r.id
+WHERE r.task_id = :task_id AND e.kind = 'dead_letter'
+ORDER BY e.id DESC
+LIMIT 1;
+
+-- insert_task_event --
+INSERT INTO task_events (task_id, ts_ms, kind, data_json)
+VALUES (:task_id, :now, :kind, :data_json);
+
+-- list_task_events --
+SELECT id, task_id, ts_ms, kind, data_json
+FROM task_events
+WHERE task_id = :task_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
 
 -- insert_artifact --
 INSERT INTO artifacts (
