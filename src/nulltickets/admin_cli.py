@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.parse
 from typing import Any
 
 import msgspec
@@ -24,12 +23,9 @@ from nulltickets import remote
 from nulltickets.client import Client
 from nulltickets.domain.model import (
     Event,
-    EventPage,
     Task,
     TaskDetails,
     TaskEvent,
-    TaskEventPage,
-    TaskPage,
 )
 from nulltickets.remote import CommandFailed
 
@@ -126,20 +122,6 @@ def register(commands: Any) -> None:
 # --- fetching ----------------------------------------------------------------------------------
 
 
-def _path(path: str, **query: str | int | None) -> str:
-    params = {k: str(v) for k, v in query.items() if v is not None}
-    return f"{path}?{urllib.parse.urlencode(params)}" if params else path
-
-
-def _seg(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
-
-
-def _get(api: Client, kind: type[Any], path: str) -> Any:
-    _status, payload = api.request("GET", path)
-    return msgspec.json.decode(payload, type=kind)
-
-
 def fetch_tasks(
     api: Client,
     *,
@@ -152,10 +134,9 @@ def fetch_tasks(
     cursor: str | None = None
     while len(items) < limit:
         size = min(PAGE_MAX, limit - len(items))
-        path = _path(
-            "/tasks", stage=stage, pipeline_id=pipeline_id, role=role, limit=size, cursor=cursor
+        page = api.list_tasks(
+            stage=stage, pipeline_id=pipeline_id, role=role, limit=size, cursor=cursor
         )
-        page: TaskPage = _get(api, TaskPage, path)
         items.extend(page.items)
         if page.next_cursor is None:
             break
@@ -168,8 +149,7 @@ def fetch_events(api: Client, run_id: str, after: int = 0) -> list[Event]:
     gets events from (so it can switch to a stream without touching the rest)."""
     items: list[Event] = []
     while True:
-        path = _path(f"/runs/{_seg(run_id)}/events", cursor=after, limit=PAGE_MAX)
-        page: EventPage = _get(api, EventPage, path)
+        page = api.list_events(run_id, cursor=str(after), limit=PAGE_MAX)
         items.extend(page.items)
         if page.next_cursor is None or not page.items:
             return items
@@ -181,8 +161,7 @@ def fetch_task_events(api: Client, task_id: str) -> list[TaskEvent]:
     items: list[TaskEvent] = []
     after = 0
     while True:
-        path = _path(f"/tasks/{_seg(task_id)}/events", cursor=after, limit=PAGE_MAX)
-        page: TaskEventPage = _get(api, TaskEventPage, path)
+        page = api.list_task_events(task_id, cursor=str(after), limit=PAGE_MAX)
         items.extend(page.items)
         if page.next_cursor is None or not page.items:
             return items
@@ -313,25 +292,24 @@ def tasks_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _act(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
-    """POST /tasks/{id}/<verb>; the answer is the task as GET /tasks/{id} shows it."""
-    with remote.connect(args) as api:
-        path = f"/tasks/{_seg(args.task_id)}/{verb}"
-        _status, payload = api.request("POST", path, {k: v for k, v in body.items() if v})
-        task = msgspec.json.decode(payload, type=TaskDetails)
+def _show(args: argparse.Namespace, task: TaskDetails) -> int:
+    """Print the task a verb answered with (as GET /tasks/{id} shows it)."""
     print(to_json(task) if args.json else task_text(task))
     return 0
 
 
 def tasks_requeue(args: argparse.Namespace) -> int:
-    body = {"stage": args.stage, "reason": args.reason}
-    if args.reset_attempts:
-        body["reset_attempts"] = True
-    return _act(args, "requeue", body)
+    with remote.connect(args) as api:
+        task = api.requeue(
+            args.task_id, args.stage, reset_attempts=args.reset_attempts, reason=args.reason
+        )
+    return _show(args, task)
 
 
 def tasks_cancel(args: argparse.Namespace) -> int:
-    return _act(args, "cancel", {"reason": args.reason})
+    with remote.connect(args) as api:
+        task = api.cancel(args.task_id, args.reason)
+    return _show(args, task)
 
 
 def runs_tail(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from nulltickets import remote
+from nulltickets import remote, worker
 from nulltickets.client import ApiError, Client
 from nulltickets.remote import CommandFailed
 
@@ -30,8 +30,8 @@ def register(commands: Any) -> None:
         description="Claim tasks for ROLE one at a time and run COMMAND for each, with the "
         "task as JSON on stdin; exit 0 moves the task along, any other exit fails the attempt.",
     )
-    add_worker_arguments(p)
-    p.set_defaults(func=worker_command)
+    worker.add_arguments(p)
+    p.set_defaults(func=worker.main_from_args)
 
     p = commands.add_parser(
         "checkpoint",
@@ -61,54 +61,6 @@ def register(commands: Any) -> None:
     p.add_argument("--reason", default="agent paused", help="recorded with each release")
     remote.add_client_options(p)
     p.set_defaults(func=pause_command)
-
-
-def add_worker_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--role", required=True, help="the agent role to claim tasks for")
-    remote.add_client_options(p)
-    p.add_argument("--agent-id", default=None, help="this agent's id (default: <hostname>-<pid>)")
-    p.add_argument(
-        "--trigger",
-        default=None,
-        help="trigger on exit 0 when the command prints none (default: the stage's only one)",
-    )
-    p.add_argument("--lease-ttl-ms", type=int, default=None, help="lease time-to-live")
-    p.add_argument(
-        "--wait-ms", type=int, default=30_000, help="long-poll wait per claim (default 30000)"
-    )
-    p.add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
-    p.add_argument("--exit-when-idle", action="store_true", help="stop at the first empty claim")
-    p.add_argument(
-        "command",
-        nargs="*",
-        metavar="COMMAND",
-        help="what to run for each task, after -- (e.g. -- ./agent.sh --fast)",
-    )
-
-
-def worker_command(args: argparse.Namespace) -> int:
-    from nulltickets.worker import WorkerOptions, run_worker
-
-    if not args.command:
-        raise CommandFailed(
-            "worker: give the command after --, e.g. worker --role coder -- ./agent.sh"
-        )
-    url, source = remote.base_url(args)
-    remote.check_base(url, source)
-    options = WorkerOptions(
-        role=args.role,
-        command=args.command,
-        base_url=url,
-        token=remote.token(args),
-        trigger=args.trigger,
-        lease_ttl_ms=args.lease_ttl_ms,
-        wait_ms=args.wait_ms,
-        max_tasks=args.max_tasks,
-        exit_when_idle=args.exit_when_idle,
-    )
-    if args.agent_id:
-        options.agent_id = args.agent_id
-    return run_worker(options)
 
 
 def _json_arg(raw: str) -> Any:

@@ -16,12 +16,14 @@ from collections.abc import Iterator
 
 import msgspec
 
-from nulltickets.client import ApiError, Client
+from nulltickets.client import ApiError, Client, Retry
 
 ENV_BASE_URL = "NULLTICKETS_BASE_URL"
 ENV_TOKEN = "NULLTICKETS_TOKEN"
 DEFAULT_BASE = "http://127.0.0.1:7700"
 TIMEOUT_S = 30.0
+# How long a command keeps trying a server that does not answer (a restart takes about 1 s).
+RETRY_S = 5.0
 
 
 class CommandFailed(Exception):
@@ -79,7 +81,8 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
     url, source = base_url(args)
     check_base(url, source)
     try:
-        api = Client(url, token(args), timeout=TIMEOUT_S)
+        # A person waits for the answer: ride out a restart of a few seconds, not more.
+        api = Client(url, token(args), timeout=TIMEOUT_S, retry=Retry(timeout=RETRY_S))
     except ValueError as exc:
         raise CommandFailed(f"{source}: {exc}") from None
     try:

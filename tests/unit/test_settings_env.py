@@ -195,17 +195,17 @@ def test_subcommand_help_exits_0(command: list[str], capsys: pytest.CaptureFixtu
     assert capsys.readouterr().out.startswith(f"usage: nulltickets {' '.join(command)}")
 
 
-def test_worker_without_a_command_is_one_line_and_status_1(
+def test_worker_without_a_command_is_a_usage_error_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["worker", "--role", "coder"]) == 1
+    assert cli.main(["worker", "--role", "coder"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("nulltickets: worker: give the command after --") and err.count("\n") == 1
+    assert err.startswith("nulltickets worker: give the command after --") and err.count("\n") == 1
 
 
 def test_worker_takes_the_command_after_the_separator() -> None:
     args = cli._parser().parse_args(["worker", "--role", "r", "--", "./a.sh", "-x", "--y"])
-    assert (args.role, args.command) == ("r", ["./a.sh", "-x", "--y"])
+    assert (args.role, args.worker_command) == ("r", ["./a.sh", "-x", "--y"])
 
 
 def test_empty_agent_id_is_one_line_and_status_1(capsys: pytest.CaptureFixture[str]) -> None:
