@@ -23,19 +23,10 @@ def is_postgres(target: str) -> bool:
     return target.startswith(POSTGRES_SCHEMES)
 
 
-def sqlite_path(target: str) -> str:
-    """The file a SQLite target names: a path as it is, `file:PATH` or `file://PATH`."""
-    if target.startswith("file://"):
-        return target[len("file://") :]
-    if target.startswith("file:"):
-        return target[len("file:") :]
-    return target
-
-
 def display_name(target: str) -> str:
     """The target as logs and the start-up line may show it: without a URL's password."""
     if not is_postgres(target):
-        return sqlite_path(target)
+        return target
     parts = urlsplit(target)
     if parts.password is None:
         return target
@@ -52,7 +43,8 @@ def make_database(target: str, *, durability: str = "full", readers: int = 4) ->
         return _postgres(target, durability=durability, readers=readers)
     from nulltickets.storage.sqlite.database import SqliteDatabase
 
-    return SqliteDatabase(sqlite_path(target), durability=durability, readers=readers)
+    # A path, or a `file:` URI that SQLite opens as such (storage/sqlite/connection.py).
+    return SqliteDatabase(target, durability=durability, readers=readers)
 
 
 def open_database(target: str, *, durability: str = "full", readers: int = 4) -> Database:
