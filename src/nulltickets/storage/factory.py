@@ -10,7 +10,7 @@ import importlib
 from urllib.parse import urlsplit, urlunsplit
 
 from nulltickets.errors import StartupError
-from nulltickets.storage.ports import Database
+from nulltickets.storage.ports import Capabilities, Database
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_EXTRA = "pip install 'nulltickets[postgres]'"
@@ -53,6 +53,18 @@ def open_database(target: str, *, durability: str = "full", readers: int = 4) ->
     database = make_database(target, durability=durability, readers=readers)
     database.open()
     return database
+
+
+def check_database(target: str, *, durability: str = "full") -> Capabilities:
+    """Open, check and migrate the database, then close it again: what the launcher runs
+    before serving, so that a bad path, a read-only file, an old SQLite, an unreachable
+    server or a missing driver is a clear start-up error. Nothing stays open (connections
+    must not cross the fork into the worker). Returns what the backend can do."""
+    database = open_database(target, durability=durability, readers=1)
+    try:
+        return database.capabilities
+    finally:
+        database.close()
 
 
 def _postgres(url: str, *, durability: str, readers: int) -> Database:
