@@ -2,6 +2,11 @@
 `postgres://` URL is PostgreSQL. The PostgreSQL backend and its driver are imported only
 when asked for, so a SQLite server never loads them and an install without the extra says
 what to install instead of failing at import.
+
+A backend package provides a class implementing storage.ports.Database, constructed as
+`Class(target, durability=..., readers=...)`: `storage.sqlite.database.SqliteDatabase`, and
+`storage.postgres.PostgresDatabase` (which imports psycopg when its package is imported, so
+that a missing driver is reported here).
 """
 
 from __future__ import annotations
