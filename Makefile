@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -17,10 +17,19 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
+# PostgreSQL from the distribution's packages, for the tests that start their own server
+# (tests/pgserver.py); a no-op once pg_ctl is there.
+postgres:
+	@bash scripts/postgres.sh install
+
+# curl and jq for the README's examples (a no-op once they are there).
+test-tools:
+	@bash scripts/test-tools.sh
+
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install
+test: install postgres test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -51,6 +60,15 @@ soak: install
 	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=reliability-results.json \
 		$(PY) -m pytest tests/reliability $(PYTEST_ARGS); status=$$?; \
 	$(PY) scripts/reliability_report.py reliability-results.json RELIABILITY.md && exit $$status
+
+# The long power-cut suite alone (tests/reliability/test_power_cut.py: 50 cuts with full, 20 with
+# normal); its rows replace that suite's in reliability-results.json, the other suites' stay.
+.PHONY: soak-power-cut
+soak-power-cut: install
+	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=power-cut-results.json \
+		$(PY) -m pytest tests/reliability/test_power_cut.py $(PYTEST_ARGS); status=$$?; \
+	$(PY) scripts/reliability_report.py --merge power-cut-results.json \
+		reliability-results.json RELIABILITY.md && rm -f power-cut-results.json && exit $$status
 
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)

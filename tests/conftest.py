@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.pgserver import PostgresServer, PostgresUnavailable, start_postgres
 from tests.server import PIPELINE, Client, Response, Server
 
 
@@ -48,6 +49,62 @@ def make_server(tmp_path: Path) -> Iterator[Any]:
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server of the session's own (tests/pgserver.py); stopped at the end.
+
+    When it cannot be started, every test that needs it fails with the one-line reason."""
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"PostgreSQL is needed and unavailable: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+def migrated_database(server: PostgresServer) -> str:
+    """A new database with every migration applied; its DSN."""
+    import psycopg
+
+    from nulltickets.storage.postgres.migrate import migrate
+
+    dsn = server.dsn(server.create_database())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+    return dsn
+
+
+# Each database costs the server a few hundred files to sync at its shutdown checkpoint, so
+# most tests share one and keep to rows of their own (fresh pipelines, roles, namespaces);
+# the few that need a whole database get one, left for the end of the session (the cluster
+# is removed then).
+@pytest.fixture(scope="session")
+def pg_shared_dsn(postgres: PostgresServer) -> str:
+    """The migrated database most PostgreSQL tests share."""
+    return migrated_database(postgres)
+
+
+@pytest.fixture
+def pg_conn(pg_shared_dsn: str) -> Iterator[Any]:
+    """A connection to the shared migrated database (not autocommit)."""
+    import psycopg
+
+    with psycopg.connect(pg_shared_dsn) as conn:
+        yield conn
+
+
+@pytest.fixture
+def pg_dsn(postgres: PostgresServer) -> str:
+    """A migrated database of the test's own."""
+    return migrated_database(postgres)
+
+
+@pytest.fixture
+def pg_empty_dsn(postgres: PostgresServer) -> str:
+    """A new, empty database (no migrations) of the test's own."""
+    return postgres.dsn(postgres.create_database())
 
 
 # The shape of every id the server hands out: a version-7 UUID (domain/ids.py).

@@ -89,3 +89,32 @@ def test_storage_imports_nothing_above_it() -> None:
             m for m in imports_of(path) if m.startswith(("nulltickets.http", "nulltickets.service"))
         }
         assert not above, f"{path} imports {above}"
+
+
+POSTGRES = ("psycopg", "psycopg_pool", "nulltickets.storage.postgres")
+# (Nothing above storage imports them: test_nothing_above_storage_imports_a_backend_or_a_driver.)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        SRC / "storage" / "backend.py",
+        SRC / "storage" / "queries.py",
+        *modules(SRC / "storage" / "sqlite"),
+    ],
+    ids=str,
+)
+def test_the_sqlite_storage_runs_without_the_postgres_extra(path: Path) -> None:
+    bad = {m for m in imports_of(path) if m.startswith(POSTGRES)}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_postgres_storage_imports_nothing_of_sqlite() -> None:
+    for path in modules(SRC / "storage" / "postgres"):
+        bad = {m for m in imports_of(path) if m.startswith(("apsw", "nulltickets.storage.sqlite"))}
+        assert not bad, f"{path} imports {bad}"
+
+
+def test_the_layer_tests_see_the_postgres_storage() -> None:
+    assert SRC / "storage" / "postgres" / "migrate.py" in modules(SRC / "storage" / "postgres")
+    assert len(ABOVE_STORAGE) > 10

@@ -19,6 +19,9 @@ DURABILITY = {"full": "FULL", "normal": "NORMAL"}
 # about once every three cycles, and each eviction meant parsing and planning the statement
 # again (measured: 6,800 re-prepares in 20,000 cycles). With 512 slots they stay prepared.
 STATEMENT_CACHE = 512
+# Tests only: names the options of the power-cut VFS (powercut_vfs.py), which every connection
+# then goes through. Unset, as it always is outside the reliability suites, nothing of it runs.
+TEST_POWERCUT_VFS = "NULLTICKETS_TEST_POWERCUT_VFS"
 
 
 def check_sqlite() -> None:
@@ -30,9 +33,20 @@ def check_sqlite() -> None:
         raise StartupError("this SQLite was built without FTS5")
 
 
+def _test_vfs(path: str) -> str | None:
+    spec = os.environ.get(TEST_POWERCUT_VFS)
+    if not spec or path == ":memory:":
+        return None
+    from nulltickets.storage.sqlite import powercut_vfs  # tests only: see the module
+
+    return powercut_vfs.install(spec)
+
+
 def _open(path: str, flags: int) -> apsw.Connection:
     try:
-        return apsw.Connection(path, flags=flags, statementcachesize=STATEMENT_CACHE)
+        return apsw.Connection(
+            path, flags=flags, statementcachesize=STATEMENT_CACHE, vfs=_test_vfs(path)
+        )
     except apsw.CantOpenError as exc:
         raise StartupError(f"cannot open database {path!r}: {exc}") from exc
 

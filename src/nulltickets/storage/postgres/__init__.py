@@ -1,0 +1,1 @@
+"""The PostgreSQL storage: its schema (migrations/), its named queries and their runner."""

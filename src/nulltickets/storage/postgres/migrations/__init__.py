@@ -1,0 +1,1 @@
+"""Numbered, forward-only migrations of the PostgreSQL schema (applied by migrate.py)."""

@@ -1,0 +1,657 @@
+-- Every statement the PostgreSQL backend runs, by name: the same names as
+-- storage/sqlite/queries.sql, each the PostgreSQL translation of the SQLite query, plus the
+-- few the PostgreSQL backend needs of its own (at the end, each with its reason). Parameters
+-- are :name, turned into psycopg's %(name)s when the file is loaded (queries.py, "pyformat").
+-- Time is always a parameter (:now): no now() here.
+-- Booleans are BOOLEAN: the backend passes Python bools (terminal, active, retry_delay_set).
+-- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
+-- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
+-- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
+
+-- insert_pipeline --
+-- A name already taken fails with a unique violation of pipelines_name_key: the backend
+-- reports it as duplicate_name (pipeline_name_taken stays the friendly early check).
+INSERT INTO pipelines (id, name, definition_json, created_at_ms)
+VALUES (:id, :name, :definition_json, :now);
+
+-- insert_pipeline_stage --
+INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
+VALUES (:pipeline_id, :stage, :agent_role, :terminal);
+
+-- pipeline_name_taken --
+SELECT 1 FROM pipelines WHERE name = :name;
+
+-- get_pipeline --
+SELECT id, name, definition_json, created_at_ms
+FROM pipelines
+WHERE id = :id;
+
+-- list_pipelines --
+-- seq is the insertion order that SQLite's rowid gives.
+SELECT id, name, definition_json, created_at_ms
+FROM pipelines
+ORDER BY created_at_ms DESC, seq DESC;
+
+-- insert_task --
+-- Not one-to-one: a task whose idempotency key its pipeline already has is not inserted and no
+-- row comes back (SQLite returns nothing either way). That is how two servers creating the
+-- same task at once end with one task: the loser waits for the winner's commit, gets no row,
+-- and answers with task_by_idempotency_key, without an error that would abort its transaction.
+INSERT INTO tasks (
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, max_attempts, retry_delay_ms, dead_letter_stage, created_at_ms,
+    updated_at_ms, idempotency_key, retry_delay_set
+)
+VALUES (
+    :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
+    0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
+    :now, :idempotency_key, :retry_delay_set
+)
+ON CONFLICT (pipeline_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- task_by_idempotency_key --
+SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
+
+-- task_resume --
+-- What an agent needs to resume a task: its checkpoint and its current fence.
+SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
+
+-- previous_failures --
+SELECT attempt, id, status, error_text, ended_at_ms
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale')
+ORDER BY attempt DESC
+LIMIT :limit;
+
+-- retry_delay_set --
+SELECT retry_delay_set FROM tasks WHERE id = :id;
+
+-- bump_fence --
+-- A claim raises the task's fence and reads back what the agent needs to resume, in one go.
+UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence, checkpoint_json::text;
+
+-- task_fence_of_run --
+SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.id = :run_id;
+
+-- task_fence_of_lease --
+SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.lease_id = :lease_id;
+
+-- merge_checkpoint --
+-- RFC 7396 merge patch (jsonb_merge_patch, migration 0001), applied in the same statement that
+-- reads the old value; the row lock of the UPDATE orders concurrent merges.
+UPDATE tasks
+SET checkpoint_json = jsonb_merge_patch(coalesce(checkpoint_json, '{}'::jsonb), :patch::jsonb)
+WHERE id = :id
+RETURNING checkpoint_json::text;
+
+-- leases_of_agent --
+SELECT l.run_id FROM leases AS l WHERE l.agent_id = :agent_id ORDER BY l.expires_at_ms;
+
+-- dependent_stages --
+-- (pipeline, stage) of the tasks waiting on this one: who may be able to claim once it is done.
+SELECT DISTINCT t.pipeline_id, t.stage
+FROM task_dependencies AS d
+JOIN tasks AS t ON t.id = d.task_id
+WHERE d.depends_on_task_id = :id;
+
+-- leased_in_pipeline_stage --
+SELECT count(*)
+FROM runs AS r
+JOIN tasks AS t ON t.id = r.task_id
+WHERE r.status = 'running' AND t.pipeline_id = :pipeline_id AND t.stage = :stage;
+
+-- role_stages --
+SELECT pipeline_id, stage FROM pipeline_stages WHERE agent_role = :agent_role;
+
+-- get_task --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE id = :id;
+
+-- task_exists --
+SELECT 1 FROM tasks WHERE id = :id;
+
+-- list_tasks --
+-- Keyset pagination: rows strictly after (:after_created, :after_id), in (created_at_ms, id) order.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE (created_at_ms, id) > (:after_created::bigint, :after_id::text)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_stage --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE stage = :stage
+    AND (created_at_ms, id) > (:after_created::bigint, :after_id::text)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_pipeline --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE pipeline_id = :pipeline_id
+    AND (created_at_ms, id) > (:after_created::bigint, :after_id::text)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_pipeline_and_stage --
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms
+FROM tasks
+WHERE pipeline_id = :pipeline_id
+    AND stage = :stage
+    AND (created_at_ms, id) > (:after_created::bigint, :after_id::text)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- task_run_state --
+-- The original never writes tasks.run_id; fall back to the task's latest run.
+SELECT coalesce(
+    t.run_id,
+    (SELECT r.id FROM runs AS r WHERE r.task_id = t.id ORDER BY r.attempt DESC LIMIT 1)
+)
+FROM tasks AS t
+WHERE t.id = :id;
+
+-- latest_run --
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+FROM runs
+WHERE task_id = :task_id
+ORDER BY attempt DESC
+LIMIT 1;
+
+-- insert_dependency --
+-- A dependency recorded twice (two servers at once) fails with a unique violation of
+-- task_dependencies_pkey: the backend reports duplicate_dependency.
+INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
+VALUES (:task_id, :depends_on_task_id, :now);
+
+-- dependency_exists --
+SELECT 1 FROM task_dependencies
+WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
+
+-- list_dependencies --
+-- resolved: the upstream task sits in a terminal stage of its own pipeline.
+SELECT d.depends_on_task_id, coalesce(s.terminal, false)
+FROM task_dependencies AS d
+JOIN tasks AS u ON u.id = d.depends_on_task_id
+LEFT JOIN pipeline_stages AS s ON s.pipeline_id = u.pipeline_id AND s.stage = u.stage
+WHERE d.task_id = :task_id
+ORDER BY d.created_at_ms, d.seq;
+
+-- deactivate_assignments --
+UPDATE task_assignments
+SET active = false, updated_at_ms = :now
+WHERE task_id = :task_id AND active;
+
+-- upsert_assignment --
+INSERT INTO task_assignments (task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms)
+VALUES (:task_id, :agent_id, :assigned_by, true, :now, :now)
+ON CONFLICT (task_id, agent_id) DO UPDATE
+SET assigned_by = excluded.assigned_by, active = true, updated_at_ms = excluded.updated_at_ms;
+
+-- unassign --
+UPDATE task_assignments
+SET active = false, updated_at_ms = :now
+WHERE task_id = :task_id AND agent_id = :agent_id AND active;
+
+-- list_assignments --
+SELECT task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms
+FROM task_assignments
+WHERE task_id = :task_id
+ORDER BY created_at_ms, seq;
+
+-- expired_leases --
+-- Leases past their expiry whose runs are still running: the janitor's work list. Each row is
+-- locked for the reaper that read it and skipped by the others, so any number of servers can
+-- reap at once without reaping a lease twice.
+SELECT l.id, l.run_id, r.task_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+WHERE l.expires_at_ms <= :now
+ORDER BY l.expires_at_ms
+LIMIT :limit
+FOR UPDATE OF l SKIP LOCKED;
+
+-- next_lease_expiry --
+SELECT min(expires_at_ms) FROM leases;
+
+-- leased_in_stage --
+-- Tasks (any pipeline) in a stage of this name that hold a live lease.
+SELECT count(*)
+FROM runs AS r
+JOIN tasks AS t ON t.id = r.task_id
+WHERE r.status = 'running' AND t.stage = :stage;
+
+-- claim_candidate --
+-- For each (pipeline, stage) the role works on, walk idx_tasks_claim in priority order to the
+-- first eligible task that no other transaction holds, and lock it (FOR UPDATE SKIP LOCKED:
+-- a task another server is claiming right now is passed over, never waited for); then take
+-- the best of those few, ordered as on SQLite (priority, age, pipeline, stage, insertion).
+-- Cost depends on the number of stages and of skipped rows, never on finished tasks. Not
+-- one-to-one: the runners-up stay locked until this transaction ends, so a concurrent claim
+-- passes over them too. Stages at their concurrency limit come as JSONB: :full_stages an array
+-- of stage names, :full_pairs an array of [pipeline_id, stage]; NULL when there are none. A
+-- task claimed and committed by another server between this statement's snapshot and its
+-- row lock can still come back (PostgreSQL rechecks the task row, not the NOT EXISTS below):
+-- insert_run then returns no row, because of runs_one_running_per_task, and the backend
+-- claims again.
+SELECT
+    c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+    c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+    c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
+FROM pipeline_stages AS s
+CROSS JOIN LATERAL (
+    SELECT
+        t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+        t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+        t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+    FROM tasks AS t
+    WHERE t.pipeline_id = s.pipeline_id
+        AND t.stage = s.stage
+        AND t.dead_letter_reason IS NULL
+        AND t.next_eligible_at_ms <= :now
+        AND NOT EXISTS (
+            SELECT 1 FROM runs AS r
+            WHERE r.task_id = t.id AND r.status = 'running'
+        )
+        AND NOT EXISTS (
+            SELECT 1
+            FROM task_dependencies AS d
+            JOIN tasks AS u ON u.id = d.depends_on_task_id
+            LEFT JOIN pipeline_stages AS us
+                ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+            WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+        )
+        AND (
+            NOT EXISTS (
+                SELECT 1 FROM task_assignments AS a
+                WHERE a.task_id = t.id AND a.active
+            )
+            OR EXISTS (
+                SELECT 1 FROM task_assignments AS a
+                WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
+            )
+        )
+    ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+) AS c
+WHERE s.agent_role = :agent_role
+    AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
+    AND (
+        :full_pairs::jsonb IS NULL
+        OR NOT (:full_pairs::jsonb @> jsonb_build_array(jsonb_build_array(s.pipeline_id, s.stage)))
+    )
+ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
+LIMIT 1;
+
+-- insert_run --
+-- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
+-- Not one-to-one: when the task already has a running run (another server's claim won, see
+-- claim_candidate) nothing is inserted and no row comes back, instead of an error that would
+-- abort the transaction.
+INSERT INTO runs (
+    id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json, lease_id
+)
+VALUES (
+    :id,
+    :task_id,
+    (SELECT coalesce(max(attempt), 0) + 1 FROM runs WHERE task_id = :task_id),
+    'running',
+    :agent_id,
+    :agent_role,
+    :now,
+    '{}',
+    :lease_id
+)
+ON CONFLICT DO NOTHING
+RETURNING attempt;
+
+-- insert_lease --
+INSERT INTO leases (
+    id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
+)
+VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
+
+-- get_run --
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+FROM runs
+WHERE id = :id;
+
+-- lease_by_run --
+-- A lease with what the lease-protected writes need of its run and task, in one lookup.
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.run_id = :run_id;
+
+-- lease_by_id --
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.id = :id;
+
+-- extend_lease --
+UPDATE leases
+SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
+WHERE id = :id;
+
+-- rotate_lease_token --
+UPDATE leases SET token_hash = :token_hash WHERE id = :id;
+
+-- delete_lease --
+DELETE FROM leases WHERE id = :id;
+
+-- insert_event --
+-- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
+INSERT INTO events (run_id, ts_ms, kind, data_json)
+VALUES (:run_id, :now, :kind, :data_json)
+RETURNING id;
+
+-- insert_event_under_lease --
+-- The event, only if the run's lease is held with this token, is live and (when one is given)
+-- still has this fence: the lease check and the write in one statement. No row back means one
+-- of those failed; the caller then finds out which.
+INSERT INTO events (run_id, ts_ms, kind, data_json)
+SELECT :run_id, :now, :kind, :data_json
+FROM leases AS l
+WHERE l.run_id = :run_id
+    AND l.token_hash = :token_hash
+    AND l.expires_at_ms > :now
+    AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+LIMIT 1
+RETURNING id;
+
+-- list_events --
+SELECT id, run_id, ts_ms, kind, data_json
+FROM events
+WHERE run_id = :run_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
+
+-- end_run --
+-- Guarded by status: only a running run can end.
+UPDATE runs
+SET status = :status, ended_at_ms = :now, usage_json = :usage_json, error_text = :error_text
+WHERE id = :id AND status = 'running';
+
+-- move_task --
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + 1,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    updated_at_ms = :now
+WHERE id = :id AND task_version = :task_version;
+
+-- failed_attempts --
+-- Failures and lease expiries, over the task's whole life.
+SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+
+-- schedule_retry --
+UPDATE tasks
+SET next_eligible_at_ms = :next_eligible_at_ms, updated_at_ms = :now
+WHERE id = :id;
+
+-- dead_letter_task --
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = :reason,
+    next_eligible_at_ms = :next_eligible_at_ms,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- insert_artifact --
+INSERT INTO artifacts (
+    id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
+)
+VALUES (:id, :task_id, :run_id, :now, :kind, :uri, :sha256, :size_bytes, :meta_json);
+
+-- run_exists --
+SELECT 1 FROM runs WHERE id = :id;
+
+-- list_artifacts --
+SELECT id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
+FROM artifacts
+WHERE (created_at_ms, id) > (:after_created::bigint, :after_id::text)
+    AND (:task_id::text IS NULL OR task_id = :task_id::text)
+    AND (:run_id::text IS NULL OR run_id = :run_id::text)
+ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- tasks_by_stage --
+SELECT stage, count(*) FROM tasks GROUP BY stage ORDER BY stage;
+
+-- active_leases --
+SELECT count(*) FROM leases WHERE expires_at_ms > :now;
+
+-- get_idempotency --
+SELECT request_hash, auth_hash, response_status, response_body
+FROM idempotency_keys
+WHERE key = :key AND method = :method AND path = :path;
+
+-- put_idempotency --
+INSERT INTO idempotency_keys (
+    key, method, path, request_hash, auth_hash, response_status, response_body, created_at_ms
+)
+VALUES (:key, :method, :path, :request_hash, :auth_hash, :status, :body, :now)
+ON CONFLICT (key, method, path) DO UPDATE
+SET request_hash = excluded.request_hash,
+    auth_hash = excluded.auth_hash,
+    response_status = excluded.response_status,
+    response_body = excluded.response_body,
+    created_at_ms = excluded.created_at_ms;
+
+-- purge_idempotency --
+DELETE FROM idempotency_keys WHERE created_at_ms < :before;
+
+-- put_value --
+INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
+VALUES (:namespace, :key, :value_json::jsonb, :now, :now)
+ON CONFLICT (namespace, key) DO UPDATE
+SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
+
+-- get_value --
+SELECT namespace, key, value_json::text, created_at_ms, updated_at_ms
+FROM store
+WHERE namespace = :namespace AND key = :key;
+
+-- delete_value --
+DELETE FROM store WHERE namespace = :namespace AND key = :key;
+
+-- list_namespace --
+SELECT namespace, key, value_json::text, created_at_ms, updated_at_ms
+FROM store
+WHERE namespace = :namespace
+ORDER BY key;
+
+-- delete_namespace --
+DELETE FROM store WHERE namespace = :namespace;
+
+-- search_store --
+-- :query is the same sanitised text as on SQLite (every term a quoted phrase); store_query
+-- (migration 0001) reads it as FTS5 does: every term must match, a term of several words as a
+-- phrase, words split at punctuation as in the document (store_words). score is minus ts_rank, so that, as with bm25 on SQLite, lower is better. The
+-- snippet comes from the first of value, key and namespace that matches (FTS5 picks the best
+-- column), words of the query in [brackets] (ts_headline reads the text with PostgreSQL's own
+-- parser, which keeps a path, file name or e-mail address as one word: such a match is found
+-- and ranked, but its snippet has no brackets; FTS5 would bracket the part). With :filter_path (an SQL/JSON path such as
+-- $.status, read in strict mode so that arrays are not unwrapped, as SQLite does not), keep
+-- rows whose value at that path has the text form :filter_value (strings as themselves,
+-- anything else as its JSON text); without :filter_value, rows where the path exists. Where
+-- the text forms differ from SQLite's: numbers keep the digits they were written with
+-- (1e3 is 1000, SQLite says 1000.0) and objects and arrays come in PostgreSQL's JSON text
+-- ({"a": 1}, SQLite {"a":1}). A path that is not valid SQL/JSON fails the statement with a
+-- syntax error, which the backend reports as invalid_query.
+SELECT
+    s.namespace, s.key, s.value_json::text, s.created_at_ms, s.updated_at_ms,
+    -ts_rank(s.search, q.query) AS score,
+    ts_headline(
+        'simple',
+        CASE
+            WHEN store_words(s.value_json::text) @@ q.query THEN s.value_json::text
+            WHEN store_words(s.key) @@ q.query THEN s.key
+            WHEN store_words(s.namespace) @@ q.query THEN s.namespace
+            ELSE s.value_json::text
+        END,
+        q.query,
+        'StartSel=[, StopSel=], MaxWords=16, MinWords=8, ShortWord=0'
+    ) AS snippet
+FROM store_query(:query) AS q (query)
+JOIN store AS s ON s.search @@ q.query
+CROSS JOIN LATERAL (
+    SELECT jsonb_path_query_first(
+        s.value_json, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
+    ) AS value
+) AS f
+WHERE (:namespace::text IS NULL OR s.namespace = :namespace::text)
+    AND (
+        :filter_path::text IS NULL
+        OR (:filter_value::text IS NULL AND f.value IS NOT NULL)
+        OR (
+            CASE jsonb_typeof(f.value)
+                WHEN 'string' THEN f.value #>> '{}'
+                ELSE f.value::text
+            END = :filter_value::text
+        )
+    )
+ORDER BY score, s.namespace, s.key
+LIMIT :limit;
+
+-- role_stage_queue --
+-- One row per (pipeline, stage) that names a role, with the counts /ops/queue sums per role.
+-- Not one-to-one in shape: the claimable count and the oldest claimable task's created_at_ms
+-- come as two columns (SQLite packs them into one JSON array to get both from one walk of its
+-- index; a LATERAL subquery does that here): (role, claimable, oldest, failed, stuck, near).
+-- Nor in cost: PostgreSQL has no INDEXED BY, and where a stage's share of all tasks looks
+-- large to its planner (few pipelines and stages, most tasks finished) it counts by scanning
+-- the tasks instead of walking idx_tasks_claim; an /ops/queue read, not a claim, pays that.
+SELECT
+    s.agent_role,
+    c.claimable,
+    c.oldest,
+    (
+        SELECT count(*)
+        FROM tasks AS t
+        JOIN runs AS r ON r.task_id = t.id
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+            AND r.status IN ('failed', 'stale')
+    ) AS failed_count,
+    (
+        SELECT count(*)
+        FROM runs AS r
+        JOIN tasks AS t ON t.id = r.task_id
+        WHERE r.status = 'running' AND r.started_at_ms <= :stuck_before
+            AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS stuck_count,
+    (
+        SELECT count(*)
+        FROM leases AS l
+        JOIN runs AS r ON r.id = l.run_id
+        JOIN tasks AS t ON t.id = r.task_id
+        WHERE l.expires_at_ms > :now AND l.expires_at_ms <= :near_expiry_before
+            AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS near_expiry_leases
+FROM pipeline_stages AS s
+CROSS JOIN LATERAL (
+    SELECT count(*) AS claimable, min(t.created_at_ms) AS oldest
+    FROM tasks AS t
+    WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+        AND t.dead_letter_reason IS NULL
+        AND t.next_eligible_at_ms <= :now
+        AND NOT EXISTS (
+            SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
+        )
+        AND NOT EXISTS (
+            SELECT 1
+            FROM task_dependencies AS d
+            JOIN tasks AS u ON u.id = d.depends_on_task_id
+            LEFT JOIN pipeline_stages AS us
+                ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+            WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+        )
+) AS c
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.pipeline_id, s.stage;
+
+-- insert_otlp_batch --
+-- Not one-to-one: returns the new batch's id, which SQLite reads from last_insert_rowid().
+INSERT INTO otlp_batches (received_at_ms, content_type, payload_json, payload_blob, parsed_spans)
+VALUES (:now, :content_type, :payload_json, :payload_blob, :parsed_spans)
+RETURNING id;
+
+-- insert_otlp_span --
+INSERT INTO otlp_spans (
+    batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
+    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
+    attributes_json, resource_attributes_json, raw_json
+)
+VALUES (
+    :batch_id, :trace_id, :span_id, :parent_span_id, :name, :kind, :start_time_unix_nano,
+    :end_time_unix_nano, :status_code, :status_message, :scope_name, :scope_version, :run_id,
+    :task_id, :attributes_json, :resource_attributes_json, :raw_json
+);
+
+-- list_run_spans --
+SELECT
+    id, batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
+    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
+    attributes_json, resource_attributes_json
+FROM otlp_spans
+WHERE run_id = :run_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
+
+-- The PostgreSQL backend's own statements.
+
+-- lock_idempotency_key --
+-- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
+-- concurrent replays of one key (on any server) then run one after the other, and each later
+-- one finds the first one's stored response instead of doing the work again. SQLite needs no
+-- such lock: its one writer already runs them one after the other. (Two-key advisory locks
+-- live apart from migrate.py's one-key lock.)
+SELECT pg_advisory_xact_lock(
+    1314146132, hashtext(:key || chr(10) || :method || chr(10) || :path)
+);
+
+-- schema_lock --
+-- migrate.py: one migrator at a time, across every process starting on this database.
+SELECT pg_advisory_xact_lock(:lock_key);
+
+-- schema_create --
+-- migrate.py: the record of applied migrations (SQLite keeps PRAGMA user_version instead).
+CREATE TABLE IF NOT EXISTS nulltickets_schema (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at_ms BIGINT NOT NULL
+);
+
+-- schema_versions --
+SELECT version FROM nulltickets_schema ORDER BY version;
+
+-- schema_record --
+INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);

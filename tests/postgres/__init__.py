@@ -1,0 +1,1 @@
+"""Tests against a real PostgreSQL that the session starts (tests/pgserver.py)."""

@@ -1,0 +1,187 @@
+"""Claims on PostgreSQL: claim_candidate with FOR UPDATE SKIP LOCKED, run by real threads on
+their own connections, never hands one task to two claimers."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from typing import Any
+
+import psycopg
+
+from nulltickets.domain.ids import new_id
+from tests.conftest import unique
+from tests.postgres.sql import all_rows, make_pipeline, make_task, one, run
+
+Conn = psycopg.Connection[Any]
+NOW = 10_000
+
+
+def claim(
+    conn: Conn, role: str, agent: str, now: int = NOW, **limits: str | None
+) -> tuple[str | None, bool]:
+    """One claim as the service makes it: (task id or None, whether a race was lost)."""
+    with conn.transaction():
+        task = one(
+            conn,
+            "claim_candidate",
+            agent_role=role,
+            agent_id=agent,
+            full_stages=limits.get("full_stages"),
+            full_pairs=limits.get("full_pairs"),
+            now=now,
+        )
+        if task is None:
+            return None, False
+        task_id = task[0]
+        run_id, lease_id = new_id(), new_id()
+        attempt = one(
+            conn,
+            "insert_run",
+            id=run_id,
+            task_id=task_id,
+            agent_id=agent,
+            agent_role=role,
+            now=now,
+            lease_id=lease_id,
+        )
+        if attempt is None:  # another claim of this task committed first
+            return None, True
+        fence, _checkpoint = one(conn, "bump_fence", id=task_id)
+        run(
+            conn,
+            "insert_lease",
+            id=lease_id,
+            run_id=run_id,
+            agent_id=agent,
+            token_hash=b"hash",
+            expires_at_ms=now + 60_000,
+            ttl_ms=60_000,
+            fence=fence,
+            now=now,
+        )
+        return task_id, False
+
+
+def claim_all(dsn: str, role: str, claimers: int) -> tuple[list[str], int]:
+    """`claimers` threads, each on its own connection, released together by a barrier, claim
+    until nothing is left: (every task id claimed, in any order; races lost)."""
+    claimed: list[str] = []
+    lost: list[int] = []
+    failures: list[BaseException] = []
+    barrier = threading.Barrier(claimers)
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(dsn) as conn:
+                barrier.wait(timeout=30)
+                while True:
+                    task_id, race = claim(conn, role, f"agent-{n}")
+                    if race:
+                        lost.append(n)
+                    elif task_id is None:
+                        return
+                    else:
+                        claimed.append(task_id)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert failures == []
+    assert not any(t.is_alive() for t in threads)
+    return claimed, len(lost)
+
+
+def test_concurrent_claimers_never_get_the_same_task(pg_shared_dsn: str, pg_conn: Conn) -> None:
+    for _round in range(6):
+        role = unique("coder")
+        pipeline_id = make_pipeline(pg_conn, role)
+        created = {make_task(pg_conn, pipeline_id, priority=i % 3) for i in range(40)}
+        pg_conn.commit()
+        claimed, _lost = claim_all(pg_shared_dsn, role, claimers=4)
+        twice = [task for task, count in Counter(claimed).items() if count > 1]
+        assert twice == []
+        assert set(claimed) == created
+        fences = pg_conn.execute(
+            "SELECT DISTINCT fence FROM tasks WHERE pipeline_id = %s", (pipeline_id,)
+        ).fetchall()
+        assert fences == [(1,)]  # one claim (one fence bump) per task
+
+
+def test_a_claim_takes_the_most_urgent_then_the_oldest_task(pg_conn: Conn) -> None:
+    role = unique("coder")
+    pipeline_id = make_pipeline(pg_conn, role)
+    old = make_task(pg_conn, pipeline_id, now=1, priority=1)
+    same_ms = [make_task(pg_conn, pipeline_id, now=2, priority=1) for _ in range(3)]
+    urgent = make_task(pg_conn, pipeline_id, now=3, priority=5)
+    later = make_task(pg_conn, pipeline_id, now=NOW + 1, priority=9)  # not eligible yet
+    run(pg_conn, "schedule_retry", id=later, next_eligible_at_ms=NOW + 1, now=NOW)
+    order = [claim(pg_conn, role, "a")[0] for _ in range(6)]
+    assert order == [urgent, old, *same_ms, None]  # same ms: in the order they were created
+
+
+def test_full_stages_and_pairs_are_passed_over(pg_conn: Conn) -> None:
+    role = unique("coder")
+    first, second = make_pipeline(pg_conn, role), make_pipeline(pg_conn, role)
+    a = make_task(pg_conn, first, now=1)
+    b = make_task(pg_conn, second, now=2)
+    assert claim(pg_conn, role, "x", full_stages=json.dumps(["todo"])) == (None, False)
+    pair = json.dumps([[first, "todo"]])
+    assert claim(pg_conn, role, "x", full_pairs=pair) == (b, False)
+    assert claim(pg_conn, role, "x", full_stages=json.dumps(["other"])) == (a, False)
+
+
+def test_blocked_and_assigned_tasks_wait_for_their_turn(pg_conn: Conn) -> None:
+    role = unique("coder")
+    pipeline_id = make_pipeline(pg_conn, role)
+    upstream = make_task(pg_conn, pipeline_id, now=1)
+    blocked = make_task(pg_conn, pipeline_id, now=2)
+    mine = make_task(pg_conn, pipeline_id, now=3)
+    run(pg_conn, "insert_dependency", task_id=blocked, depends_on_task_id=upstream, now=3)
+    run(pg_conn, "upsert_assignment", task_id=mine, agent_id="me", assigned_by=None, now=3)
+    assert one(pg_conn, "list_assignments", task_id=mine)[3] is True
+    assert claim(pg_conn, role, "other") == (upstream, False)
+    assert claim(pg_conn, role, "other") == (None, False)  # blocked waits, mine is not theirs
+    assert claim(pg_conn, role, "me") == (mine, False)
+    run(pg_conn, "move_task", id=upstream, stage="done", task_version=1, now=NOW)
+    assert one(pg_conn, "list_dependencies", task_id=blocked) == (upstream, True)
+    assert claim(pg_conn, role, "other") == (blocked, False)
+    queue = [
+        r
+        for r in all_rows(
+            pg_conn, "role_stage_queue", now=NOW, stuck_before=NOW, near_expiry_before=NOW + 60_000
+        )
+        if r[0] == role
+    ]
+    # (role, claimable, oldest claimable, failed, stuck, near expiry): the two left are leased
+    assert queue == [(role, 0, None, 0, 2, 2)]
+
+
+def test_concurrent_reapers_share_the_expired_leases(pg_shared_dsn: str, pg_conn: Conn) -> None:
+    """Each expired lease goes to one reaper: the others skip the rows it holds."""
+    # This test's clock runs long before every other test's on the shared database, so its
+    # leases are the only ones expired at its `later`.
+    epoch = -(10**12)
+    role = unique("coder")
+    pipeline_id = make_pipeline(pg_conn, role)
+    for _ in range(6):
+        task_id = make_task(pg_conn, pipeline_id)
+        run(pg_conn, "schedule_retry", id=task_id, next_eligible_at_ms=epoch, now=epoch)
+    while claim(pg_conn, role, "a", now=epoch)[0] is not None:
+        pass
+    pg_conn.commit()
+    later = epoch + 120_000
+    with psycopg.connect(pg_shared_dsn) as a, psycopg.connect(pg_shared_dsn) as b:
+        first = {r[0] for r in all_rows(a, "expired_leases", now=later, limit=4)}
+        second = {r[0] for r in all_rows(b, "expired_leases", now=later, limit=100)}
+        assert len(first) == 4
+        assert len(second) == 2
+        assert not first & second
+        a.rollback()  # a reaper that gave up: its leases are there for the next one
+        assert len(all_rows(b, "expired_leases", now=later, limit=100)) == 6
+        assert all_rows(b, "expired_leases", now=epoch + 59_999, limit=100) == []  # not yet

@@ -1,0 +1,86 @@
+"""The PostgreSQL query file against the SQLite one and against the migrated schema."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+
+from nulltickets.storage.queries import load_queries
+from tests.postgres.sql import Q, numbered
+
+SQLITE = load_queries("nulltickets.storage.sqlite", "queries.sql")
+POSTGRES_NAMED = load_queries("nulltickets.storage.postgres", "queries.sql")
+
+# Queries only PostgreSQL has, and why (each also says so in queries.sql).
+POSTGRES_ONLY = {
+    "lock_idempotency_key": "serialises concurrent replays of one key across servers",
+    "schema_lock": "migrate.py: one migrator at a time",
+    "schema_create": "migrate.py: the table of applied migrations",
+    "schema_versions": "migrate.py: which migrations are applied",
+    "schema_record": "migrate.py: record an applied migration",
+}
+
+# Statements PREPARE cannot take (DDL); migrate.py runs them in every migration test.
+NOT_PREPARABLE = {"schema_create"}
+
+
+def test_every_sqlite_query_has_a_postgres_translation_of_the_same_name() -> None:
+    assert set(SQLITE) - set(Q) == set()
+
+
+def test_postgres_has_no_query_sqlite_lacks_except_its_own_few() -> None:
+    assert set(Q) - set(SQLITE) == set(POSTGRES_ONLY)
+
+
+def test_translations_take_the_same_parameters() -> None:
+    """A backend calls both with the same names; what PostgreSQL's own statements take aside."""
+    param = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+    def params(sql: str) -> set[str]:
+        code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+        return set(param.findall(code))
+
+    differing = {n: (params(SQLITE[n]), params(POSTGRES_NAMED[n])) for n in SQLITE}
+    assert {n: p for n, p in differing.items() if p[0] != p[1]} == {}
+
+
+def test_runtime_sql_never_reads_the_clock() -> None:
+    clock = re.compile(
+        r"\b(now\(\)|current_timestamp|clock_timestamp|statement_timestamp|localtimestamp)",
+        re.IGNORECASE,
+    )
+    for name, sql in POSTGRES_NAMED.items():
+        code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+        assert not clock.search(code), name
+
+
+def test_no_sqlite_dialect_is_left_in_the_translations() -> None:
+    sqlite_only = re.compile(
+        r"\b(rowid|INDEXED BY|MATCH|INSERT OR|CROSS JOIN \w+ AS \w+ ON)\b"
+        r"|\b(json_each|json_extract|json_type|json_patch|json_array|bm25|snippet)\s*\(",
+        re.IGNORECASE,
+    )
+    for name, sql in POSTGRES_NAMED.items():
+        code = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+        assert not sqlite_only.search(code), (name, sqlite_only.findall(code))
+
+
+@pytest.mark.parametrize("name", sorted(set(Q) - NOT_PREPARABLE))
+def test_every_query_prepares_and_plans_against_the_migrated_schema(
+    pg_conn: psycopg.Connection[Any], name: str
+) -> None:
+    """PREPARE parses the statement and resolves every table, column, function and parameter
+    type; EXPLAIN EXECUTE with NULLs plans it, inside a transaction that is rolled back."""
+    sql, names = numbered(Q[name])
+    with pg_conn.transaction(force_rollback=True):
+        pg_conn.execute(f"PREPARE q AS {sql}")
+        types = pg_conn.execute(
+            "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'q'"
+        ).fetchone()
+        assert types is not None and len(types[0]) == len(names)
+        assert "unknown" not in types[0], (name, dict(zip(names, types[0], strict=True)))
+        nulls = ", ".join(["NULL"] * len(names))
+        pg_conn.execute(f"EXPLAIN EXECUTE q({nulls})" if names else "EXPLAIN EXECUTE q")
