@@ -2,10 +2,10 @@
 
 A backend is a function giving a fresh, empty database target (what `--db` takes) for one
 test. The suite opens it through storage.factory, so it sees only the storage ports. To run
-the suite on another backend, add it to BACKENDS, e.g.
+the suite on PostgreSQL once storage.postgres.database.PostgresDatabase exists:
 
     def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-        return request.getfixturevalue("postgres_server").fresh_database_url()
+        return str(request.getfixturevalue("pg_empty_dsn"))  # tests/conftest.py
 
     BACKENDS["postgresql"] = postgresql
 """
