@@ -82,18 +82,11 @@ def check_port(host: str, port: int) -> None:
 
 def preflight(settings: Settings) -> None:
     """Open, check and migrate the database before serving, so that a bad path, a read-only
-    file or an old SQLite is a clear start-up error; the connection is closed before the
-    worker starts (SQLite connections must not cross a fork)."""
-    from nulltickets.storage.sqlite import connection
+    file, an old SQLite, an unreachable server or a missing driver is a clear start-up error;
+    nothing stays open when the worker starts (connections must not cross a fork)."""
+    from nulltickets.storage.factory import check_database
 
-    connection.check_sqlite()
-    connection.ensure_parent(settings.db)
-    connection.check_writable(settings.db)
-    conn = connection.connect_writer(settings.db, settings.durability)
-    try:
-        connection.migrate(conn)
-    finally:
-        conn.close()
+    check_database(settings.db, durability=settings.durability)
 
 
 def serve(settings: Settings) -> None:
@@ -103,13 +96,14 @@ def serve(settings: Settings) -> None:
     from granian.server import Server
 
     from nulltickets.http.app import load_app
+    from nulltickets.storage.factory import display_name
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
     logging.getLogger("nulltickets").info(
         "%s: db %s, auth %s, listening on http://%s:%s",
         version_line(),
-        settings.db,
+        display_name(settings.db),
         auth,
         settings.host,
         settings.port,
