@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres test-tools run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck clean bench bench-quick binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -29,7 +29,11 @@ test-tools:
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install postgres test-tools
+# Debian's chromium and chromedriver for the dashboard's browser tests (a no-op once there).
+browser:
+	@bash scripts/browser.sh
+
+test: install postgres test-tools browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -170,7 +170,7 @@ def nuitka_command(
         f"--output-dir={work}",
         f"--output-filename={output.name}",
         "--include-package=nulltickets",
-        "--include-package-data=nulltickets",  # storage/sqlite/*.sql read via importlib.resources
+        "--include-package-data=nulltickets",  # the *.sql files and http/static/ (the dashboard)
         # Unpacked once per build into the user's cache directory and reused on later starts;
         # onefile checks each file's checksum, and the build id keeps builds apart.
         f"--onefile-tempdir-spec={{CACHE_DIR}}/nulltickets/{ver}-{bid}",

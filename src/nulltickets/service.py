@@ -55,6 +55,8 @@ from nulltickets.domain.model import (
     RunStatus,
     SearchHit,
     Span,
+    StageQueue,
+    StageReport,
     StoreEntry,
     Task,
     TaskAssignment,
@@ -99,6 +101,8 @@ from nulltickets.storage.backend import Backend
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
+# The dashboard's throughput looks at this many of the newest run events at most.
+THROUGHPUT_WINDOW = 200_000
 REAP_BATCH = 500
 _NEVER = 2**63 - 1
 
@@ -920,6 +924,18 @@ class Tracker:
             q.stuck_count += stuck
             q.near_expiry_leases += near
         return QueueReport(list(roles.values()), now)
+
+    def stage_report(self, b: Backend, now: int) -> StageReport:
+        stages = [
+            StageQueue(p, s, r, c, None if oldest is None else now - oldest, *counts)
+            for p, s, r, c, oldest, *counts in b.stage_board(now)
+        ]
+        since = now - 3_600_000 + 60_000 - now % 60_000  # the start of the oldest of 60 minutes
+        per_minute = [0] * 60
+        for minute, count in b.transitions_since(since, THROUGHPUT_WINDOW):
+            if 0 <= minute < 60:
+                per_minute[minute] = count
+        return StageReport(stages, per_minute, now)
 
     # --- health and upkeep ---------------------------------------------------------------------
 

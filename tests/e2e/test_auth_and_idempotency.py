@@ -142,7 +142,7 @@ def test_unknown_paths_and_wrong_methods_are_401_before_routing(secured: Client)
         ("PATCH", "/tasks"),
         ("GET", "/leases/claim"),
         ("POST", "/health/x"),
-        ("GET", "/"),
+        ("GET", "/nope/ui"),
     ]:
         r = secured.request(method, path)
         assert (r.status, r.error_code) == (401, "unauthorized"), (method, path)

@@ -227,7 +227,7 @@ def test_openapi_types_the_pipeline_definition(client: Client) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/nope", "/tasks/x/y/z/w", "/pipelines/x/extra", "/health/extra", "/store"]
+    "path", ["/nope", "/tasks/x/y/z/w", "/pipelines/x/extra", "/health/extra", "/store"]
 )
 def test_unknown_paths_are_404_not_found(client: Client, path: str) -> None:
     r = client.get(path)

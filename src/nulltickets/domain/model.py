@@ -271,6 +271,43 @@ class QueueReport(Struct):
     generated_at_ms: int
 
 
+class StageQueue(Struct):
+    """Where the tasks of one (pipeline, stage) with a role stand. Each task counts once:
+    leased first, then dead-lettered or cancelled, then waiting on a retry delay, then blocked
+    by unfinished dependencies; the rest are claimable."""
+
+    pipeline_id: str
+    stage: str
+    role: str
+    claimable: int
+    oldest_claimable_age_ms: int | None
+    leased: int
+    waiting_retry: int
+    blocked: int
+    dead_lettered: int
+    cancelled: int
+
+
+class StageReport(Struct):
+    """The queue per stage, and the transitions of each of the last 60 minutes (oldest first)."""
+
+    stages: list[StageQueue]
+    transitions_per_minute: list[int]
+    generated_at_ms: int
+
+
+class FeedEvent(Struct):
+    """A run event as GET /events/stream sends it: with its run's task and pipeline."""
+
+    id: int
+    run_id: str
+    task_id: str
+    pipeline_id: str
+    ts_ms: int
+    kind: str
+    data: Raw
+
+
 class Span(Struct):
     """A stored OpenTelemetry span (ids in hex, times in Unix nanoseconds)."""
 

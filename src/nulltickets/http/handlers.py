@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -31,6 +31,10 @@ from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.sqlite.database import Database
+
+if TYPE_CHECKING:
+    from nulltickets.http.metrics import Metrics
+    from nulltickets.http.sse import StreamHub
 
 T = TypeVar("T")
 
@@ -102,6 +106,8 @@ class Context:
     tracker: Tracker
     admin_token: str | None
     wakeups: Wakeups = field(default_factory=Wakeups)
+    hub: StreamHub | None = None  # GET /events/stream
+    metrics: Metrics | None = None  # GET /metrics
 
     async def read(self, job: Callable[[Backend], T]) -> T:
         return await self.db.read(job)
@@ -556,6 +562,11 @@ async def queue_report(ctx: Context, req: Request) -> Reply:
     return ok(
         200, await ctx.read(lambda b: ctx.tracker.queue_report(b, now, near_expiry_ms, stuck_ms))
     )
+
+
+async def stage_report(ctx: Context, req: Request) -> Reply:
+    now = now_ms()
+    return ok(200, await ctx.read(lambda b: ctx.tracker.stage_report(b, now)))
 
 
 # --- traces ------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class Request:
     body: bytes = b""
     params: dict[str, str] = field(default_factory=dict)
     proto: Any = None
+    scheme: str = "http"  # "https" when the request came over TLS
     _query: dict[str, str] | None = None
 
     def disconnected(self) -> Any:

@@ -17,6 +17,7 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     Failure,
+    FeedEvent,
     LeaseRow,
     Pipeline,
     Run,
@@ -27,6 +28,10 @@ from nulltickets.domain.model import (
     Task,
     TaskEvent,
 )
+
+# (pipeline_id, stage, role, claimable, oldest claimable created_at_ms or None, leased,
+#  waiting on a retry delay, blocked, dead-lettered, cancelled)
+StageBoardRow = tuple[str, str, str, int, int | None, int, int, int, int, int]
 
 
 class Backend(Protocol):
@@ -161,6 +166,25 @@ class Backend(Protocol):
         ...
 
     def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]: ...
+
+    def events_feed(self, after_id: int, limit: int, task_id: str | None = None) -> list[FeedEvent]:
+        """Run events after `after_id` of every run (or of one task's runs), oldest first."""
+        ...
+
+    def last_event_id(self) -> int: ...
+
+    def event_kinds_since(self, after_id: int) -> list[tuple[str, int, int]]:
+        """(kind, count, newest id) of the run events after `after_id`."""
+        ...
+
+    def stage_board(self, now: int) -> list[StageBoardRow]:
+        """Per (pipeline, stage) with a role: (pipeline_id, stage, role, claimable, oldest
+        claimable created_at_ms, leased, delayed, blocked, dead-lettered, cancelled)."""
+        ...
+
+    def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
+        """(minute since `since`, transitions) among the newest `window` events."""
+        ...
 
     def end_run(
         self, id: str, status: str, usage_json: str, error_text: str | None, now: int

@@ -655,3 +655,70 @@ SELECT version FROM nulltickets_schema ORDER BY version;
 
 -- schema_record --
 INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);
+
+-- events_feed --
+-- Run events after :after_id across every run (the live stream reads this once per commit for
+-- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
+SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE e.id > :after_id AND (CAST(:task_id AS text) IS NULL OR r.task_id = :task_id)
+ORDER BY e.id
+LIMIT :limit;
+
+-- last_event_id --
+SELECT coalesce(max(id), 0) FROM events;
+
+-- transitions_since --
+-- Transitions per minute since :since (throughput for the dashboard). Event ids grow with time,
+-- so only the newest :window ids are looked at: a bounded walk of the primary key.
+SELECT (ts_ms - :since) / 60000 AS minute, count(*)
+FROM events
+WHERE id > (SELECT coalesce(max(id), 0) FROM events) - :window
+    AND kind = 'transition' AND ts_ms >= :since
+GROUP BY 1
+ORDER BY 1;
+
+-- stage_board --
+-- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
+-- then claimable, oldest claimable created_at_ms, leased, waiting on a retry
+-- delay, blocked by dependencies, dead-lettered, cancelled), as columns. One walk of the stage's own
+-- tasks through its index: tasks that finished have left the stages with roles.
+SELECT
+    s.pipeline_id, s.stage, s.agent_role,
+    c.claimable, c.oldest, c.leased, c.delayed, c.blocked, c.dead, c.cancelled
+FROM pipeline_stages AS s
+CROSS JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND NOT x.blocked) AS claimable,
+        min(x.created_at_ms) FILTER (WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND NOT x.blocked) AS oldest,
+        count(*) FILTER (WHERE x.leased) AS leased,
+        count(*) FILTER (WHERE NOT x.dead AND NOT x.leased AND x.delayed) AS delayed,
+        count(*) FILTER (
+            WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND x.blocked
+        ) AS blocked,
+        count(*) FILTER (WHERE x.dead AND NOT x.cancelled) AS dead,
+        count(*) FILTER (WHERE x.cancelled) AS cancelled
+    FROM (
+        SELECT
+            t.created_at_ms,
+            t.dead_letter_reason IS NOT NULL AS dead,
+            t.cancelled_at_ms IS NOT NULL AS cancelled,
+            t.next_eligible_at_ms > :now AS delayed,
+            EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
+            EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)) AS blocked
+        FROM tasks AS t
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS x
+) AS c
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.agent_role, s.pipeline_id, s.stage;
+
+-- event_kinds_since --
+-- How many run events of each kind came after :after_id, and the newest id (GET /metrics
+-- counts only what is new since its last scrape: a walk of the primary key from there).
+SELECT kind, count(*), max(id)
+FROM events
+WHERE id > :after_id
+GROUP BY kind;

@@ -18,6 +18,7 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     Failure,
+    FeedEvent,
     LeaseRow,
     Pipeline,
     Run,
@@ -29,6 +30,7 @@ from nulltickets.domain.model import (
     TaskEvent,
 )
 from nulltickets.errors import StorageQueryError
+from nulltickets.storage.backend import StageBoardRow
 from nulltickets.storage.queries import load_queries
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
@@ -365,6 +367,33 @@ class SqliteBackend:
     def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
         rows = self._all("list_events", {"run_id": run_id, "after_id": after_id, "limit": limit})
         return [Event(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
+
+    def events_feed(self, after_id: int, limit: int, task_id: str | None = None) -> list[FeedEvent]:
+        params = {"after_id": after_id, "limit": limit, "task_id": task_id}
+        return [
+            FeedEvent(r[0], r[1], r[2], r[3], r[4], r[5], Raw(r[6]))
+            for r in self._all("events_feed", params)
+        ]
+
+    def last_event_id(self) -> int:
+        return int(self._value("last_event_id", {}))
+
+    def event_kinds_since(self, after_id: int) -> list[tuple[str, int, int]]:
+        rows = self._all("event_kinds_since", {"after_id": after_id})
+        return [(str(k), int(n), int(m)) for k, n, m in rows]
+
+    def stage_board(self, now: int) -> list[StageBoardRow]:
+        rows: list[StageBoardRow] = []
+        for pipeline_id, stage, role, board in self._all("stage_board", {"now": now}):
+            c, oldest, leased, delayed, blocked, dead, cancelled = json.loads(board)
+            rows.append(
+                (pipeline_id, stage, role, c, oldest, leased, delayed, blocked, dead, cancelled)
+            )
+        return rows
+
+    def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
+        rows = self._all("transitions_since", {"since": since, "window": window})
+        return [(int(m), int(n)) for m, n in rows]
 
     def end_run(
         self, id: str, status: str, usage_json: str, error_text: str | None, now: int

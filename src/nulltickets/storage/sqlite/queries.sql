@@ -654,3 +654,69 @@ FROM otlp_spans
 WHERE run_id = :run_id AND id > :after_id
 ORDER BY id
 LIMIT :limit;
+
+-- events_feed --
+-- Run events after :after_id across every run (the live stream reads this once per commit for
+-- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
+SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE e.id > :after_id AND (:task_id IS NULL OR r.task_id = :task_id)
+ORDER BY e.id
+LIMIT :limit;
+
+-- last_event_id --
+SELECT coalesce(max(id), 0) FROM events;
+
+-- transitions_since --
+-- Transitions per minute since :since (throughput for the dashboard). Event ids grow with time,
+-- so only the newest :window ids are looked at: a bounded walk of the primary key.
+SELECT (ts_ms - :since) / 60000 AS minute, count(*)
+FROM events
+WHERE id > (SELECT coalesce(max(id), 0) FROM events) - :window
+    AND kind = 'transition' AND ts_ms >= :since
+GROUP BY 1
+ORDER BY 1;
+
+-- stage_board --
+-- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
+-- then a JSON array [claimable, oldest claimable created_at_ms, leased, waiting on a retry
+-- delay, blocked by dependencies, dead-lettered, cancelled]). One walk of the stage's own
+-- tasks through its index: tasks that finished have left the stages with roles.
+SELECT
+    s.pipeline_id, s.stage, s.agent_role,
+    (
+        SELECT json_array(
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0), 0),
+            min(CASE WHEN x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0
+                THEN x.created_at_ms END),
+            coalesce(sum(x.leased), 0),
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 1), 0),
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 1), 0),
+            coalesce(sum(x.dead = 1 AND x.cancelled = 0), 0),
+            coalesce(sum(x.cancelled), 0)
+        )
+        FROM (
+            SELECT
+                t.created_at_ms,
+                t.dead_letter_reason IS NOT NULL AS dead,
+                t.cancelled_at_ms IS NOT NULL AS cancelled,
+                t.next_eligible_at_ms > :now AS delayed,
+                EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
+                EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0) AS blocked
+            FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+            WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+        ) AS x
+    ) AS board
+FROM pipeline_stages AS s
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.agent_role, s.pipeline_id, s.stage;
+
+-- event_kinds_since --
+-- How many run events of each kind came after :after_id, and the newest id (GET /metrics
+-- counts only what is new since its last scrape: a walk of the primary key from there).
+SELECT kind, count(*), max(id)
+FROM events
+WHERE id > :after_id
+GROUP BY kind;
