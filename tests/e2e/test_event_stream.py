@@ -155,16 +155,24 @@ def test_streams_need_the_admin_token_when_one_is_set(make_server: Any) -> None:
     s.close()
 
 
-def test_open_streams_end_when_the_server_shuts_down(make_server: Any) -> None:
+def test_events_wake_streams_at_once_and_shutdown_ends_them_cleanly(make_server: Any) -> None:
+    # The default 15 s heartbeat: an event that came only with a heartbeat would time out here.
     server = make_server()
+    api = server.client()
+    _, lease = a_run(api)
     streams = [stream(server) for _ in range(5)]
+    event_id = note(api, lease)
+    api.close()
+    for s in streams:
+        assert s.next_event(timeout=5).id == event_id
     assert server.proc is not None
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     for s in streams:
-        with pytest.raises(EOFError):
+        with pytest.raises(EOFError, match="the stream ended"):
             while True:
                 s.next(timeout=5)
+        assert s.ended  # the last chunk came: the stream ended, not the connection
         s.close()
-    server.proc.wait(10)
-    assert time.monotonic() - started < 2.5, server.output()
+    assert server.proc.wait(10) == 0
+    assert time.monotonic() - started < 2, server.output()

@@ -64,16 +64,18 @@ class _Client:
     def __init__(self, filters: Filters) -> None:
         self.filters = filters
         self.pending: deque[FeedEvent] = deque()
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[bool] | None = None
 
     def push(self, ev: FeedEvent) -> None:
         self.pending.append(ev)
         self.poke()
 
     def poke(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self.waiter is not None:
+            _resolve(self.waiter)
+
+    def on_gone(self, _: object) -> None:
+        self.poke()
 
 
 class StreamHub:
@@ -180,6 +182,11 @@ class StreamHub:
         return found
 
 
+def _resolve(future: asyncio.Future[bool], beat: bool = False) -> None:
+    if not future.done():
+        future.set_result(beat)
+
+
 def _feed(after: int, task_id: str | None, b: Backend) -> list[FeedEvent]:
     return b.events_feed(after, PAGE, task_id)
 
@@ -224,7 +231,7 @@ async def stream(ctx: Context, req: Request) -> Reply:
         )
         gone = asyncio.ensure_future(req.disconnected())
         try:
-            await _serve(hub, client, transport, backlog, gone)
+            await _serve(hub, client, transport, backlog, gone, resume or 0)
         finally:
             gone.cancel()
     finally:
@@ -238,22 +245,32 @@ async def _serve(
     transport: Any,
     backlog: list[FeedEvent],
     gone: asyncio.Future[Any],
+    sent: int,
 ) -> None:
+    """Send the backlog, then live events; `sent` is the id the client has seen up to (the
+    live feed may still hand out events up to it that the replay already covered)."""
     loop = asyncio.get_running_loop()
-    sent = 0
+    gone.add_done_callback(client.on_gone)
     with contextlib.suppress(Exception):  # the client went away mid-write
         await transport.send_bytes(b"retry: %d\n: connected\n\n" % RETRY_MS)
         for ev in backlog:
-            await transport.send_bytes(_frame(ev))
-            sent = ev.id
+            if ev.id > sent:
+                await transport.send_bytes(_frame(ev))
+                sent = ev.id
         while not hub.closing and not gone.done():
             while client.pending:
                 ev = client.pending.popleft()
                 if ev.id > sent:
                     await transport.send_bytes(_frame(ev))
                     sent = ev.id
-            waiter = client.waiter = loop.create_future()  # hub.close() resolves it
-            done, _ = await asyncio.wait({waiter, gone}, timeout=HEARTBEAT_S)
-            client.waiter = None
-            if not done and not hub.closing:
+            # One future, awaited directly, resolved by an event, hub.close(), the client going
+            # away or the heartbeat timer (as the long-poll claims wait).
+            waiter = client.waiter = loop.create_future()
+            timer = loop.call_later(HEARTBEAT_S, _resolve, waiter, True)
+            try:
+                beat = await waiter
+            finally:
+                timer.cancel()
+                client.waiter = None
+            if beat and not hub.closing and not gone.done():
                 await transport.send_bytes(b": heartbeat\n\n")

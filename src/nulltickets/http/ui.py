@@ -189,7 +189,8 @@ def _message(title: str, text: str) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)} · nulltickets</title>"
-        '<link rel="stylesheet" href="/ui/static/style.css"></head>'
+        '<link rel="stylesheet" href="/ui/static/style.css">'
+        '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml"></head>'
         f'<body><main class="narrow"><h1>{html.escape(title)}</h1>'
         f'<p>{html.escape(text)}</p><p><a href="/ui/">Overview</a></p></main></body></html>'
     )
@@ -210,7 +211,8 @@ def _login_form(ctx: Context, req: Request, error: str) -> str:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         "<title>Log in · nulltickets</title>"
-        '<link rel="stylesheet" href="/ui/static/style.css"></head>'
+        '<link rel="stylesheet" href="/ui/static/style.css">'
+        '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml"></head>'
         '<body><main class="narrow"><h1>nulltickets</h1>'
         f"<p>{html.escape(note)}</p>{alert}"
         '<form method="post" action="/ui/login" id="login">'

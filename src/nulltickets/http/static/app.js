@@ -77,7 +77,7 @@ const short = (id) => (id ? id.slice(-8) : "");
 const taskLink = (id, text) => h("a", { href: `/ui/task/${encodeURIComponent(id)}` }, text || short(id));
 
 function setMain(...nodes) {
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined));
   main.dataset.ready = String(Date.now());
 }
 
@@ -104,6 +104,9 @@ function live(query, onEvent) {
   source.onopen = () => { liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
   source.onerror = () => { liveBadge.textContent = "○ reconnecting"; liveBadge.classList.remove("on"); };
   source.onmessage = (m) => onEvent(JSON.parse(m.data));
+  // Close the stream when the page goes away: a browser holds few connections per server,
+  // and a stream it kept open for a page left behind would hold one of them.
+  addEventListener("pagehide", () => source.close());
   return source;
 }
 
@@ -122,7 +125,7 @@ function chart(perMinute) {
   const w = 600, hgt = 120, pad = 20;
   const max = Math.max(1, ...perMinute);
   const bw = (w - pad * 2) / perMinute.length;
-  const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: "100%", role: "img", "aria-label": "transitions per minute, last hour", id: "throughput" });
+  const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, role: "img", "aria-label": "transitions per minute, last hour", id: "throughput" });
   perMinute.forEach((n, i) => {
     const bh = ((hgt - pad * 2) * n) / max;
     const bar = s("rect", { class: "bar", x: pad + i * bw + 1, y: hgt - pad - bh, width: Math.max(1, bw - 2), height: bh });
@@ -410,7 +413,7 @@ async function store() {
       h("input", { name: "namespace", placeholder: "namespace", value: ns }),
       h("input", { name: "q", placeholder: "search words", value: text }),
       h("button", { type: "submit" }, "Search / list")),
-    sections.length ? sections : h("p", { class: "muted" }, "Name a namespace to list its keys, or search every value."),
+    ...(sections.length ? sections : [h("p", { class: "muted" }, "Name a namespace to list its keys, or search every value.")]),
   );
 }
 
