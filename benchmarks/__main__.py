@@ -197,6 +197,16 @@ def main(argv: list[str] | None = None) -> int:
             work, agents=50 if quick else 200, seconds=3.0 if quick else 10.0
         )
 
+        print("Idle event streams, and a /metrics scrape", flush=True)
+        from benchmarks.live import idle_sse, metrics_cost
+
+        results["idle_sse"] = idle_sse(
+            work, clients=50 if quick else 200, seconds=3.0 if quick else 10.0
+        )
+        results["metrics"] = metrics_cost(
+            work, calls=20 if quick else 200, done=1000 if quick else big
+        )
+
         print("Core, in-process", flush=True)
         from benchmarks.core import core_cycles
 
@@ -265,6 +275,18 @@ def render(r: dict[str, Any]) -> str:
         f"{idle['agents']} agents long-polling an empty queue: server CPU "
         f"{idle['server_cpu_percent_of_one_core']:.2f}% of one core over {idle['seconds']} s"
     )
+    if "idle_sse" in r:
+        sse = r["idle_sse"]
+        lines.append(
+            f"{sse['clients']} idle event streams (GET /events/stream): server CPU "
+            f"{sse['server_cpu_percent_of_one_core']:.2f}% of one core over {sse['seconds']} s"
+        )
+    if "metrics" in r:
+        m = r["metrics"]
+        lines.append(
+            f"GET /metrics p50: {m['p50_ms']:.2f} ms with {m['finished_tasks']} finished tasks "
+            f"({m['bytes']} bytes)"
+        )
     core = r["core"]
     lines.append(
         "Core in-process claim+event+transition: "
