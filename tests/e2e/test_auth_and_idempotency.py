@@ -37,6 +37,8 @@ ADMIN_ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/artifacts", {"kind": "k", "uri": "u"}),
     ("GET", "/artifacts", None),
     ("GET", "/ops/queue", None),
+    ("GET", "/ops/stages", None),
+    ("GET", "/metrics", None),
     ("PUT", "/store/ns/key", {"value": 1}),
     ("GET", "/store/ns/key", None),
     ("DELETE", "/store/ns/key", None),

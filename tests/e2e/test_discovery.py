@@ -223,6 +223,13 @@ def test_openapi_types_the_pipeline_definition(client: Client) -> None:
     assert {"instructions", "required_gates"} <= set(transition["properties"])
 
 
+def test_the_dashboard_is_not_part_of_the_documented_api(client: Client) -> None:
+    paths = client.get("/openapi.json").json["paths"]
+    assert client.get("/ui/").status == 200  # served, but not documented
+    assert [p for p in paths if p == "/" or p == "/ui" or p.startswith("/ui/")] == []
+    assert {"/events/stream", "/metrics", "/ops/stages"} <= set(paths)
+
+
 # --- unknown paths and methods -----------------------------------------------------------------
 
 
