@@ -704,7 +704,7 @@ CROSS JOIN LATERAL (
         SELECT
             t.created_at_ms,
             t.dead_letter_reason IS NOT NULL AS dead,
-            t.cancelled_at_ms IS NOT NULL AS cancelled,
+            t.dead_letter_reason = 'cancelled' AS cancelled,  -- what a cancel writes
             t.next_eligible_at_ms > :now AS delayed,
             EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
             EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)) AS blocked
