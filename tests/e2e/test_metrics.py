@@ -33,7 +33,8 @@ def test_metrics_parse_and_carry_build_info_and_the_process_figures(client: Clie
     families = scrape(client)
     [info] = families["nulltickets_build_info"]
     assert info.labels["version"]
-    assert info.labels["core"] in ("compiled", "interpreted")
+    assert info.labels["core"] == client.get("/health").json["core"]
+    assert info.labels["core"] in ("compiled", "python")
     for name in (
         "nulltickets_live_leases",
         "nulltickets_long_poll_waiters",
