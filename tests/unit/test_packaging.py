@@ -19,7 +19,7 @@ def test_every_source_package_is_listed_for_the_build() -> None:
         ".".join(d.relative_to(src).parts)
         for d in src.rglob("*")
         if d.is_dir()
-        and (any(d.glob("*.py")) or any(d.glob("*.sql")))
+        and any(any(d.glob(f"*.{ext}")) for ext in ("py", "sql", "js"))
         and "__pycache__" not in d.parts
         and not d.name.endswith(".egg-info")
     }
