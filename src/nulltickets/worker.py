@@ -435,6 +435,7 @@ def run_worker(options: WorkerOptions) -> int:
     worker = Worker(options)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
+    worker.log(f"claiming tasks for role {options.role!r} from {options.base_url}")
     started = time.monotonic()
     code = worker.run()
     worker.log(f"stopped after {worker.done} task(s) in {time.monotonic() - started:.1f} s")
