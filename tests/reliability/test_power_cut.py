@@ -394,7 +394,8 @@ def test_a_disk_that_ignores_xsync_is_caught_losing_acknowledged_writes(
 WRITER = """
 import sys
 from nulltickets.domain.commands import CreatePipeline, CreateTask
-from nulltickets.service import Tracker, now_ms
+from nulltickets.domain.clock import wall_ms as now_ms
+from nulltickets.service import Tracker
 from nulltickets.storage.sqlite.database import Database
 from tests.reliability.test_server_crash import DEFINITION
 import msgspec
