@@ -253,6 +253,10 @@ def test_requeue_of_an_unknown_task_is_one_line(shared_server: Server, tmp_path:
 
 
 @contextlib.contextmanager
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def tailing(server: Server, run_id: str, home: Path) -> Iterator[subprocess.Popen[str]]:
     """`nulltickets runs tail RUN_ID --json` in the background; killed at the end if still on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NULLTICKETS_")}
@@ -262,6 +266,9 @@ def tailing(server: Server, run_id: str, home: Path) -> Iterator[subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
         env={**env, "NULLTICKETS_HOME": str(home)},
+        # As from a terminal: a test run started in the background (`make test &`) inherits
+        # SIGINT ignored, and Python then leaves it ignored.
+        preexec_fn=_interruptible,
     ) as proc:
         try:
             yield proc
