@@ -1,6 +1,6 @@
 """Suite 3, abuse: 200 connections that send nothing or half a request and stall, while real agent
-processes keep working (no request of theirs waits on a stalled connection, and nothing is refused to them); and
-requests built to hurt: header floods, over-long lines, control bytes, huge integers, path
+processes keep working (no request of theirs waits on a stalled connection, none is refused);
+and requests built to hurt: header floods, over-long lines, control bytes, huge integers, path
 traversal in store keys. Each gets a JSON 4xx and the server stays up. (tests/e2e covers the
 single-request cases of bodies: oversize, invalid UTF-8, 10,000-deep JSON, NUL in strings.)"""
 
