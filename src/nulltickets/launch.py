@@ -77,9 +77,12 @@ def serve(settings: Settings) -> None:
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
+    from nulltickets.storage.sqlite import connection
+
     print(
         f"{version_line()}: db {settings.db}, auth {auth}, "
-        f"listening on http://{settings.host}:{settings.port}",
+        f"listening on http://{settings.host}:{settings.port}, SQLite "
+        f"{connection.sqlite_version()} ({' '.join(connection.sqlite_options())})",
         file=sys.stderr,
     )
     server = Server(

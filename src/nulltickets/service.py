@@ -787,9 +787,11 @@ class Tracker:
     # --- health and upkeep ---------------------------------------------------------------------
 
     def health(self, b: Backend, now: int) -> Health:
+        sqlite_version, sqlite_options = b.sqlite()
         return Health(
-            "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION
-        )
+            "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION,
+            sqlite_version, sqlite_options,
+        )  # fmt: skip
 
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)

@@ -31,6 +31,8 @@ from nulltickets.domain.model import (
 class Backend(Protocol):
     conn: Any  # the driver connection (for bulk loads in tools and benchmarks)
 
+    def sqlite(self) -> tuple[str, list[str]]: ...  # (version, chosen compile options)
+
     def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None: ...
 
     def insert_pipeline_stage(

@@ -29,6 +29,7 @@ from nulltickets.domain.model import (
 )
 from nulltickets.errors import StorageQueryError
 from nulltickets.storage.queries import load_queries
+from nulltickets.storage.sqlite import connection
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
 
@@ -547,6 +548,9 @@ class SqliteBackend:
 
     def tasks_by_stage(self) -> list[StageCount]:
         return [StageCount(r[0], r[1]) for r in self._all("tasks_by_stage")]
+
+    def sqlite(self) -> tuple[str, list[str]]:
+        return connection.sqlite_version(), connection.sqlite_options()
 
     def active_leases(self, now: int) -> int:
         return int(self._value("active_leases", {"now": now}))
