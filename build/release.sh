@@ -6,13 +6,13 @@
 #   bash build/release.sh PYTHON
 #
 # a fresh virtual environment from PYTHON; apsw built from its sdist against vendor/sqlite with
-# build/sqlite-options.txt (build/apsw.py), so every binary carries the same SQLite; the package,
-# its other dependencies and the `binary` extra; the Nuitka onefile build (build/binary.py) and
+# build/sqlite-options.txt (build/build_apsw.py), so every binary carries the same SQLite; the
+# package, its other dependencies and the `binary` extra; the Nuitka onefile build (build/binary.py) and
 # the smoke test of the result (build/smoke.py). The binary ends up in dist/ under the name
 # nullhub expects. Each step prints its elapsed seconds ("== release step NAME: N s").
 #
-# Nothing is downloaded but packages from the package index: build/apsw.py builds offline
-# (proxies pointed at a closed port) and checks apsw used our amalgamation; build/binary.py runs
+# Nothing is downloaded but packages from the package index: build/build_apsw.py builds
+# offline (proxies pointed at a closed port) and checks apsw used our amalgamation; build/binary.py runs
 # Nuitka the same way.
 #
 # NULLTICKETS_FROM_SOURCE="granian uvloop ..." builds those packages from their source
@@ -50,7 +50,7 @@ dependencies() {
     # where a compiler exists, and Nuitka compiles src/nulltickets, so it finds it there.
     # apsw==3.51.3.0 is installed already (ours), so pip keeps it.
     "$py" -m pip install "${pip_args[@]}" -e '.[binary]'
-    "$py" build/apsw.py --verify
+    "$py" build/build_apsw.py --verify
     "$py" -c 'import sys, granian, apsw, msgspec; print(sys.version); print("granian", granian.__version__, "apsw", apsw.apsw_version(), "SQLite", apsw.sqlite_lib_version())'
 }
 
@@ -66,7 +66,7 @@ smoke() {
 }
 
 step venv venv_setup
-step apsw "$py" build/apsw.py
+step apsw "$py" build/build_apsw.py
 step dependencies dependencies
 step binary binary
 step smoke smoke

@@ -20,7 +20,7 @@ VENDOR = ROOT / "vendor" / "sqlite"
 
 
 def load_build_apsw() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_apsw", ROOT / "build" / "apsw.py")
+    spec = importlib.util.spec_from_file_location("build_apsw", ROOT / "build" / "build_apsw.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["build_apsw"] = module
@@ -53,7 +53,7 @@ def test_vendored_file_has_the_recorded_sha256(name: str) -> None:
 
 
 def test_the_build_refuses_a_changed_amalgamation(tmp_path: Path) -> None:
-    """The release build's own check (build/apsw.py), on a copy with one byte changed."""
+    """The release build's own check (build/build_apsw.py), on a copy with one byte changed."""
     copy = tmp_path / "sqlite"
     copy.mkdir()
     for name in ("sqlite3.c", "sqlite3.h", "sqlite3ext.h", "SHA256SUMS"):
@@ -127,8 +127,8 @@ def test_apsws_setup_file_is_replaced_by_one_that_never_fetches() -> None:
 
 
 def test_the_apsw_build_environment_reaches_no_network() -> None:
-    """What build/apsw.py gives pip and setup.py: an HTTPS download fails at once (the proxy is
-    a closed local port), so a build that tried one would fail instead of fetching."""
+    """What build/build_apsw.py gives pip and setup.py: an HTTPS download fails at once (the proxy
+    is a closed local port), so a build that tried one would fail instead of fetching."""
     probe = (
         "import urllib.request\n"
         "try:\n"

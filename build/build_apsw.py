@@ -1,7 +1,7 @@
 """Build apsw from its sdist against the vendored SQLite, and install it into this interpreter.
 
-    python build/apsw.py            check vendor/sqlite, get the sdist, build, install, verify
-    python build/apsw.py --verify   only verify the apsw this interpreter imports
+    python build/build_apsw.py           check vendor/sqlite, get the sdist, build, install, verify
+    python build/build_apsw.py --verify  only verify the apsw this interpreter imports
 
 Every release job runs this before installing the package (build/release.sh), so every binary
 carries the same SQLite: vendor/sqlite/sqlite3.c (checked against vendor/sqlite/SHA256SUMS)
@@ -159,7 +159,7 @@ def sdist(path: Path | None) -> Path:
 def setup_apsw() -> str:
     """Our setup.apsw for the sdist: no fetch, our amalgamation, our defines."""
     return (
-        "# Written by nulltickets' build/apsw.py: SQLite is vendor/sqlite, never fetched.\n"
+        "# Written by nulltickets' build/build_apsw.py: SQLite is vendor/sqlite, never fetched.\n"
         "[build]\n"
         "fetch = False\n"
         "enable_all_extensions = False\n"
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             build(prepare(sdist(args.sdist)))
         found = verify()
     except BuildError as exc:
-        print(f"build/apsw.py: {exc}", file=sys.stderr)
+        print(f"build/build_apsw.py: {exc}", file=sys.stderr)
         return 1
     print(f"apsw {found['apsw']} with SQLite {found['sqlite']}: {' '.join(found['options'])}")
     return 0
