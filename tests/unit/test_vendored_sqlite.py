@@ -160,3 +160,30 @@ def test_a_build_log_that_fetched_or_used_another_sqlite_is_refused(tmp_path: Pa
         build_apsw.check_build_log("  SQLite: Using system sqlite include/libraries\n", tmp_path)
     with pytest.raises(build_apsw.BuildError, match="did not use"):
         build_apsw.check_build_log("  SQLite: Using amalgamation /elsewhere/sqlite3.c\n", tmp_path)
+
+
+def test_the_benchmark_comparison_reads_both_results_and_signs_the_change() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "sqlite_compare", ROOT / "build" / "sqlite_compare.py"
+    )
+    assert spec and spec.loader
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+
+    def results(cycles: float, claim_p99: float, sqlite: str) -> dict[str, object]:
+        return {
+            "machine": {"sqlite": sqlite},
+            "cycle": [
+                {"agents": 4, "cycles_per_s": cycles, "latency_ms": {"claim": {"p99": claim_p99}}}
+            ],
+            "durability": {"full": {"cycles_per_s": cycles / 2}},
+            "backlog": {"1000_total": {"claim_p50_ms": 1.0}, "ratio_waiting": 1.1},
+            "ops_queue": {"100": {"p50_ms": 2.0}, "ratio": 1.0},
+        }
+
+    table = compare.compare(results(1000, 4.0, "3.51.3"), results(1100, 5.0, "3.51.3"))
+    assert "| cycles/s, 4 agents | 1000.00 | 1100.00 | +10.0% |" in table
+    assert "| claim p99 ms, 4 agents | 4.00 | 5.00 | -25.0% |" in table
+    assert "| cycles/s, durability full | 500.00 | 550.00 | +10.0% |" in table
+    assert "| backlog 1000_total: claim p50 ms | 1.00 | 1.00 | +0.0% |" in table
+    assert "ratio" not in table
