@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Linux release binary for another architecture, built and tested under QEMU user emulation:
 #
-#   bash build/emulated.sh ARCH [--rootfs-only]      ARCH = aarch64 | riscv64
+#   bash build/emulated.sh ARCH [--rootfs-only | --e2e-only]      ARCH = aarch64 | riscv64
 #
 # 1. rootfs:   a Debian (trixie) root filesystem for ARCH, made by debootstrap from the
 #              distribution's packages (--foreign, then the second stage under qemu-user-static
@@ -14,13 +14,16 @@
 # 5. e2e:      the agent-contract e2e tests (AGENT_CONTRACT_TESTS below) against that binary;
 # 6. output:   dist/nulltickets-linux-ARCH.bin (+ .build.json) copied back, checked with `file`.
 #
+# --rootfs-only stops after step 2; --e2e-only runs steps 5 and 6 again on the last build, with
+# the repository's tests/ copied in afresh.
+#
 # Every step prints its name and its elapsed seconds ("== step NAME: N s"), and everything goes
 # to $NULLTICKETS_EMULATED_DIR/ARCH.log as well. Needs root (debootstrap, chroot, mounts) and
 # apt-get; installs debootstrap, qemu-user-static and binfmt-support on the host when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-arch=${1:?usage: build/emulated.sh aarch64|riscv64 [--rootfs-only]}
+arch=${1:?usage: build/emulated.sh aarch64|riscv64 [--rootfs-only|--e2e-only]}
 mode=${2:-}
 case $arch in
     aarch64) deb_arch=arm64 ;;
@@ -127,7 +130,7 @@ packages() {
         && python3 --version && { cargo --version 2>/dev/null || true; }"
 }
 
-source() {
+copy_source() {
     rm -rf "$root/src"
     mkdir -p "$root/src"
     git -C "$repo" ls-files -z --cached --others --exclude-standard \
@@ -136,6 +139,15 @@ source() {
     if [ -n "$(git -C "$repo" status --porcelain)" ]; then
         echo "source: with uncommitted changes"
     fi
+}
+
+tests_only() {
+    [ -x "$root/src/dist/nulltickets-linux-$arch.bin" ] \
+        || { echo "no build in $root/src: run build/emulated.sh $arch first" >&2; exit 1; }
+    rm -rf "$root/src/tests"
+    git -C "$repo" ls-files -z --cached --others --exclude-standard tests \
+        | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
+    git -C "$repo" log -1 --format='tests: %h %s' || true
 }
 
 release() {
@@ -183,7 +195,14 @@ if [ "$mode" = --rootfs-only ]; then
     echo "== done (rootfs only): $(($(date +%s) - script_started)) s"
     exit 0
 fi
-step source source
+if [ "$mode" = --e2e-only ]; then
+    step tests tests_only
+    step e2e e2e
+    step output output
+    echo "== done (e2e only): $(($(date +%s) - script_started)) s"
+    exit 0
+fi
+step source copy_source
 step release release
 step e2e e2e
 step output output
