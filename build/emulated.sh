@@ -72,6 +72,7 @@ cleanup() {
     done
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 mount_into() { # SOURCE TARGET [mount args...]
     local target=$root$2
     mkdir -p "$target"
@@ -110,14 +111,24 @@ rootfs() {
     echo "$suite $deb_arch $(date -u +%FT%TZ)" > "$root/.nulltickets-rootfs-done"
 }
 
+# The host's trusted certificates go along (a host whose HTTPS passes through an inspecting
+# proxy trusts its certificate there, and pip and urllib inside must too); where there is none,
+# the root filesystem's own ca-certificates bundle.
+host_ca=/etc/ssl/certs/ca-certificates.crt
+ca=/etc/ssl/certs/ca-certificates.crt
 enter() { # run a command inside the root filesystem with a clean environment
     env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-        LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive "${@:2}" \
+        LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive \
+        SSL_CERT_FILE="$ca" PIP_CERT="$ca" REQUESTS_CA_BUNDLE="$ca" "${@:2}" \
         chroot "$root" bash -euo pipefail -c "$1"
 }
 
 mounts() {
     cp /etc/resolv.conf "$root/etc/resolv.conf"
+    if [ -f "$host_ca" ]; then
+        cp "$host_ca" "$root/etc/ssl/host-ca-certificates.crt"
+        ca=/etc/ssl/host-ca-certificates.crt
+    fi
     mount_into /proc /proc -t proc
     mount_into /sys /sys --rbind
     mount_into /dev /dev --rbind
