@@ -41,10 +41,11 @@ exec > >(tee -a "$log") 2>&1
 # The e2e suite's agent-contract tests: what nullhub and agents depend on. test_nullhub.py is
 # the nullhub contract (manifest, health, discovery, the calls nullhub makes); test_claims.py
 # and test_runs.py are the claim -> run -> transition/fail loop every agent runs, leases and
-# idempotency included. The rest of tests/e2e (long polls, slow clients, concurrency, traces)
+# idempotency included; test_sqlite_report.py checks the binary reports vendor/sqlite. The rest of tests/e2e (long polls, slow clients, concurrency, traces)
 # is run against the native binary by `make test-binary`; under emulation it would take hours
 # and time out on nothing but the emulator's speed.
-AGENT_CONTRACT_TESTS="tests/e2e/test_nullhub.py tests/e2e/test_claims.py tests/e2e/test_runs.py"
+AGENT_CONTRACT_TESTS="tests/e2e/test_nullhub.py tests/e2e/test_claims.py tests/e2e/test_runs.py
+    tests/e2e/test_sqlite_report.py"
 
 packages="python3 python3-venv python3-dev build-essential patchelf file ca-certificates"
 if [ "$arch" = riscv64 ]; then
