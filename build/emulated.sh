@@ -44,8 +44,8 @@ exec > >(tee -a "$log") 2>&1
 # idempotency included; test_sqlite_report.py checks the binary reports vendor/sqlite. The rest of tests/e2e (long polls, slow clients, concurrency, traces)
 # is run against the native binary by `make test-binary`; under emulation it would take hours
 # and time out on nothing but the emulator's speed.
-AGENT_CONTRACT_TESTS="tests/e2e/test_nullhub.py tests/e2e/test_claims.py tests/e2e/test_runs.py
-    tests/e2e/test_sqlite_report.py"
+AGENT_CONTRACT_TESTS="tests/e2e/test_nullhub.py tests/e2e/test_claims.py tests/e2e/test_runs.py"
+AGENT_CONTRACT_TESTS+=" tests/e2e/test_sqlite_report.py"
 
 packages="python3 python3-venv python3-dev build-essential patchelf file ca-certificates"
 if [ "$arch" = riscv64 ]; then
