@@ -145,10 +145,10 @@ packages() {
 copy_source() {
     rm -rf "$root/src"
     mkdir -p "$root/src"
-    git -C "$repo" ls-files -z --cached --others --exclude-standard \
+    git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard \
         | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
-    git -C "$repo" log -1 --format='source: %h %s' || true
-    if [ -n "$(git -C "$repo" status --porcelain)" ]; then
+    git -c safe.directory="$repo" -C "$repo" log -1 --format='source: %h %s' || true
+    if [ -n "$(git -c safe.directory="$repo" -C "$repo" status --porcelain)" ]; then
         echo "source: with uncommitted changes"
     fi
 }
@@ -157,9 +157,9 @@ tests_only() {
     [ -x "$root/src/dist/nulltickets-linux-$arch.bin" ] \
         || { echo "no build in $root/src: run build/emulated.sh $arch first" >&2; exit 1; }
     rm -rf "$root/src/tests"
-    git -C "$repo" ls-files -z --cached --others --exclude-standard tests \
+    git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard tests \
         | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
-    git -C "$repo" log -1 --format='tests: %h %s' || true
+    git -c safe.directory="$repo" -C "$repo" log -1 --format='tests: %h %s' || true
 }
 
 release() {
