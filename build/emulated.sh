@@ -83,11 +83,14 @@ mount_into() { # SOURCE TARGET [mount args...]
 }
 
 host_tools() {
+    # debian-archive-keyring: debootstrap checks the Release signature with it (an Ubuntu
+    # host, such as the release job's runner, lacks it by default).
     if ! command -v debootstrap >/dev/null || ! [ -e /usr/bin/qemu-$arch-static ] \
-        || ! command -v update-binfmts >/dev/null; then
+        || ! command -v update-binfmts >/dev/null \
+        || ! [ -e /usr/share/keyrings/debian-archive-keyring.gpg ]; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            debootstrap qemu-user-static binfmt-support
+            debootstrap qemu-user-static binfmt-support debian-archive-keyring
     fi
     if ! mountpoint -q /proc/sys/fs/binfmt_misc; then
         mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
@@ -106,6 +109,7 @@ rootfs() {
     rm -rf "$root"
     mkdir -p "$root"
     debootstrap --foreign --arch="$deb_arch" --variant=minbase \
+        --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
         --include=ca-certificates "$suite" "$root" "$mirror"
     # The second stage runs the target's own binaries: qemu-user-static through binfmt_misc.
     chroot "$root" /debootstrap/debootstrap --second-stage
