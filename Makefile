@@ -73,8 +73,11 @@ soak-power-cut: install
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
+# apsw is rebuilt from its sdist against vendor/sqlite first (build/build_apsw.py), as every
+# release job does, so this binary carries the release's SQLite, not the apsw wheel's.
 binary: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py
 
 # The e2e suite against the built executable instead of `python -m nulltickets`.
@@ -85,5 +88,6 @@ test-binary: install
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py

@@ -940,9 +940,13 @@ class Tracker:
     # --- health and upkeep ---------------------------------------------------------------------
 
     def health(self, b: Backend, now: int) -> Health:
-        return Health(
+        engine, version, options = b.engine()
+        health = Health(
             "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION
         )
+        if engine == "sqlite":
+            health.sqlite_version, health.sqlite_options = version, options
+        return health
 
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)

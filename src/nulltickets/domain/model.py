@@ -219,6 +219,9 @@ class Health(Struct):
     tasks_by_stage: list[StageCount]
     active_leases: int
     core: str
+    # The SQLite the server runs on: its version and chosen compile options.
+    sqlite_version: str = ""
+    sqlite_options: list[str] = []
 
 
 class TaskPage(Struct):

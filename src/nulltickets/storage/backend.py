@@ -36,6 +36,10 @@ from nulltickets.domain.model import (
 
 
 class Backend(Protocol):
+    def engine(self) -> tuple[str, str, list[str]]:
+        """(engine name, its version, the compile options we chose) for /health."""
+        ...
+
     def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
         """Raises DuplicateName if a pipeline of that name exists (a constraint of the data)."""
         ...

@@ -40,6 +40,7 @@ from nulltickets.errors import (
     StorageQueryError,
 )
 from nulltickets.storage.queries import load_queries
+from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.search import fts_query
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
@@ -698,6 +699,9 @@ class SqliteBackend:
 
     def tasks_by_stage(self) -> list[StageCount]:
         return [StageCount(r[0], r[1]) for r in self._all("tasks_by_stage")]
+
+    def engine(self) -> tuple[str, str, list[str]]:
+        return "sqlite", connection.sqlite_version(), connection.sqlite_options()
 
     def active_leases(self, now: int) -> int:
         return int(self._value("active_leases", {"now": now}))
