@@ -65,11 +65,23 @@ soak: install
 		$(PY) -m pytest tests/reliability $(PYTEST_ARGS); status=$$?; \
 	$(PY) scripts/reliability_report.py reliability-results.json RELIABILITY.md && exit $$status
 
+# The long power-cut suite alone (tests/reliability/test_power_cut.py: 50 cuts with full, 20 with
+# normal); its rows replace that suite's in reliability-results.json, the other suites' stay.
+.PHONY: soak-power-cut
+soak-power-cut: install
+	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=power-cut-results.json \
+		$(PY) -m pytest tests/reliability/test_power_cut.py $(PYTEST_ARGS); status=$$?; \
+	$(PY) scripts/reliability_report.py --merge power-cut-results.json \
+		reliability-results.json RELIABILITY.md && rm -f power-cut-results.json && exit $$status
+
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
+# apsw is rebuilt from its sdist against vendor/sqlite first (build/build_apsw.py), as every
+# release job does, so this binary carries the release's SQLite, not the apsw wheel's.
 binary: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py
 
 # The e2e suite against the built executable instead of `python -m nulltickets`.
@@ -80,5 +92,6 @@ test-binary: install
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py

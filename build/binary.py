@@ -246,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
     env["PYTHONPATH"] = str(staged.parent)  # the staged package, ahead of the editable install
+    # Nothing is downloaded during the build: Nuitka's own downloads (a compiler, ccache,
+    # dependency tools) would go through these proxies, a closed local port, and fail the build.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        env[var] = "http://127.0.0.1:9"
+    env.pop("no_proxy", None)
+    env.pop("NO_PROXY", None)
     cold_cache = None
     if args.cold:
         cold_cache = tempfile.mkdtemp(prefix="nuitka-cold-cache-")

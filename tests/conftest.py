@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.pgserver import PostgresServer, PostgresUnavailable, start_postgres
-from tests.server import PIPELINE, Client, Response, Server
+from tests.server import PIPELINE, TIME_SCALE, Client, Response, Server
 
 
 @pytest.fixture(scope="session")
@@ -181,7 +181,7 @@ def kinds(client: Client, run_id: str) -> list[str]:
 
 
 def wait_for(
-    what: str, probe: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
+    what: str, probe: Callable[[], Any], timeout: float = 10.0 * TIME_SCALE, interval: float = 0.02
 ) -> Any:
     """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -1,6 +1,9 @@
 """Run the real server as a subprocess on a free port, and talk to it over real sockets.
 
 `NULLTICKETS_BINARY` names an executable to test instead of `python -m nulltickets`.
+`NULLTICKETS_TEST_TIME_SCALE` (default 1) multiplies the waits for a server to start, answer
+and stop: build/emulated.sh sets it for a binary running under QEMU, where every instruction
+is translated.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+TIME_SCALE = float(os.environ.get("NULLTICKETS_TEST_TIME_SCALE", "1"))
 
 
 def free_port() -> int:
@@ -56,7 +61,7 @@ class Client:
     host: str
     port: int
     token: str | None = None
-    timeout: float = 30.0
+    timeout: float = 30.0 * TIME_SCALE
     _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
 
     def request(
@@ -140,7 +145,7 @@ class Server:
             cmd += ["--token", self.token]
         return cmd + self.args
 
-    def start(self, timeout: float = 20.0) -> Server:
+    def start(self, timeout: float = 20.0 * TIME_SCALE) -> Server:
         # A home of its own, so a developer's ~/.nulltickets/config.json never leaks in.
         env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home"), **(self.env or {})}
         with open(self.log, "ab") as log:
@@ -150,7 +155,7 @@ class Server:
         self.wait_healthy(timeout)
         return self
 
-    def wait_healthy(self, timeout: float = 20.0) -> None:
+    def wait_healthy(self, timeout: float = 20.0 * TIME_SCALE) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -172,7 +177,7 @@ class Server:
     def client(self, token: str | None = None) -> Client:
         return Client("127.0.0.1", self.port, token=token)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0 * TIME_SCALE) -> int:
         if self.proc is None:
             return 0
         if self.proc.poll() is None:

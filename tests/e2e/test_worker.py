@@ -194,7 +194,10 @@ def test_sigterm_while_waiting_for_work_exits_promptly_and_claims_nothing(
 ) -> None:
     pipeline, role = role_pipeline(client)
     w = worker(shared_server, role, [sys.executable, "-c", "pass"], "--wait-ms", "30000")
-    time.sleep(1.0)  # let it reach its long-poll claim
+    assert w.stderr is not None
+    first = w.stderr.readline()  # written once its signal handlers are in place
+    assert b"claiming tasks for role" in first, first
+    time.sleep(0.3)  # and then it goes into its long-poll claim
     started = time.monotonic()
     w.send_signal(signal.SIGTERM)
     _, err = w.communicate(timeout=20)

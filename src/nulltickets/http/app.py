@@ -11,9 +11,9 @@ import signal
 import sys
 import threading
 import time
-from functools import partial
 from typing import Any
 
+from nulltickets import logs
 from nulltickets.config import Settings
 from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
 from nulltickets.http import metrics as prometheus
@@ -24,8 +24,9 @@ from nulltickets.http.request import Request
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
 from nulltickets.http.sse import StreamHub
-from nulltickets.service import Reply, Tracker, now_ms
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.service import Recorded as Reply
+from nulltickets.service import Service
+from nulltickets.storage.factory import open_database
 
 log = logging.getLogger("nulltickets")
 
@@ -54,15 +55,16 @@ class App:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        db = Database(self.settings.db, durability=self.settings.durability)
-        db.open()
-        tracker = Tracker()
-        tracker.signalling = True
-        self.ctx = ctx = Context(db, tracker, self.settings.token)
-        ctx.hub = StreamHub(ctx.read)
+        db = open_database(self.settings.db, durability=self.settings.durability)
+        self.ctx = ctx = Context(Service(db), self.settings.token)
+        ctx.hub = StreamHub(ctx.service)
+        # Long-polling claims wake on the database's notifications (this process's commits on
+        # SQLite; every server's on PostgreSQL), delivered on this loop.
+        db.notifier.subscribe(ctx.wakeups.deliver, loop)
         ctx.metrics = prometheus.Metrics()
-        db.writer.on_commit(self._deliver_signals)
-        db.writer.on_commit(ctx.hub.wake)  # event streams read what the commit added
+        # Event streams read what each commit added: told of every commit, not only of those
+        # that notify a role (an appended run event wakes no claim).
+        db.notifier.on_commit(ctx.hub.wake, loop)
         loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)
@@ -77,7 +79,7 @@ class App:
             self.ctx.wakeups.close()
             if self.ctx.hub is not None:
                 self.ctx.hub.close()
-            self.ctx.db.close()
+            self.ctx.service.db.close()
             self.ctx = None
 
     def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -108,35 +110,20 @@ class App:
         """Expire overdue leases promptly (not only when someone claims) and drop old
         idempotency records."""
         assert self.ctx is not None
-        ctx = self.ctx
-        last_purge = 0
+        service = self.ctx.service
+        last_purge: float | None = None
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             self._cancel_late_readers()
             try:
-                now = now_ms()
-                await ctx.db.write(partial(ctx.tracker.reap_expired, now=now))
-                if now - last_purge > 3_600_000:
-                    await ctx.db.write(partial(ctx.tracker.purge_idempotency, now=now))
-                    last_purge = now
+                await service.reap_expired()
+                if last_purge is None or time.monotonic() - last_purge > 3600:
+                    await service.purge_idempotency()
+                    last_purge = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # busy or full: try again next round
                 log.warning("maintenance failed: %s", exc)
-
-    def _deliver_signals(self) -> None:
-        """After a commit: wake the long-polling claims whose role may have work now, and set
-        timers for the work that becomes eligible later (retry delays)."""
-        ctx = self.ctx
-        if ctx is None or not ctx.tracker.signals:
-            return
-        signals, ctx.tracker.signals = ctx.tracker.signals, []
-        now = now_ms()
-        for role, at in signals:
-            if at <= now:
-                ctx.wakeups.wake(role)
-            else:
-                ctx.wakeups.wake_at(role, at, now)
 
     def _cancel_late_readers(self) -> None:
         now = time.monotonic()
@@ -304,7 +291,5 @@ def load_app(target: str = "") -> App:
     """granian's target loader: runs inside the worker, configured through the environment."""
     _catch_granian_stop()
     settings = Settings.from_env()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="[%(levelname)s] %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_format, settings.log_level)
     return App(settings)

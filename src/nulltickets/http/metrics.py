@@ -10,14 +10,13 @@ On PostgreSQL the per-process figures are this process's and the queue figures t
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nulltickets import __version__, core
 from nulltickets.http.request import Request
 from nulltickets.http.response import PROMETHEUS, web
-from nulltickets.service import Reply, now_ms
+from nulltickets.service import Recorded as Reply
 
 if TYPE_CHECKING:
     from nulltickets.http.handlers import Context
@@ -109,22 +108,37 @@ class _Text:
         self.sample(name, value)
 
 
-def _scrape(b: Any, after: int | None, now: int) -> tuple[list[Any], int, list[Any], int]:
-    """What the database says, in one read: stages, live leases, new events by kind."""
-    stages = b.stage_board(now)
-    leases = b.active_leases(now)
-    if after is None:
-        return stages, leases, [], b.last_event_id()
-    kinds = b.event_kinds_since(after)
-    newest = max((m for _, _, m in kinds), default=after)
-    return stages, leases, kinds, newest
+# Database.stats() figures, where the backend has them: name -> (metric, type, help).
+STORAGE_FIGURES = {
+    "writer_batches": (
+        "nulltickets_writer_batches_total",
+        "counter",
+        "Write transactions committed.",
+    ),
+    "writer_jobs": (
+        "nulltickets_writer_jobs_total",
+        "counter",
+        "Writes committed (divided by batches: the mean batch size).",
+    ),
+    "wal_checkpoints": (
+        "nulltickets_wal_checkpoints_total",
+        "counter",
+        "WAL checkpoints run in the background.",
+    ),
+    "wal_checkpoints_forced": (
+        "nulltickets_wal_checkpoints_forced_total",
+        "counter",
+        "WAL checkpoints the writer finished itself (the WAL had grown too large).",
+    ),
+    "wal_bytes": ("nulltickets_wal_bytes", "gauge", "Size of the SQLite write-ahead log."),
+}
 
 
 async def prime(ctx: Context) -> None:
     """Count run events from the server's start, not from the first scrape."""
     metrics = ctx.metrics
     if metrics is not None and metrics.event_cursor is None:
-        last: int = await ctx.read(lambda b: b.last_event_id())
+        last = await ctx.service.last_event_id()
         if metrics.event_cursor is None:
             metrics.event_cursor = last
 
@@ -132,9 +146,10 @@ async def prime(ctx: Context) -> None:
 async def metrics_text(ctx: Context, req: Request) -> Reply:
     m = ctx.metrics
     assert m is not None
-    now = now_ms()
     after = m.event_cursor
-    stages, leases, kinds, newest = await ctx.read(lambda b: _scrape(b, after, now))
+    snap = await ctx.service.metrics_snapshot(after)
+    stats = ctx.service.storage_stats()
+    now, stages, leases, kinds, newest = snap.now, snap.stages, snap.leases, snap.kinds, snap.newest
     if after == m.event_cursor:  # another scrape did not count these meanwhile
         for kind, count, _ in kinds:
             m.events[kind] = m.events.get(kind, 0) + count
@@ -206,45 +221,14 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
 
     out.one("nulltickets_live_leases", "gauge", "Leases not yet expired.", leases)
     out.one(
-        "nulltickets_long_poll_waiters", "gauge", "Claims waiting for work.", ctx.tracker.long_polls
+        "nulltickets_long_poll_waiters", "gauge", "Claims waiting for work.", ctx.wakeups.waiting()
     )
     hub = ctx.hub
     out.one("nulltickets_sse_clients", "gauge", "Open event streams.", hub.clients if hub else 0)
 
-    writer = getattr(ctx.db, "writer", None)
-    if writer is not None:
-        out.one(
-            "nulltickets_writer_batches_total",
-            "counter",
-            "Write transactions committed.",
-            writer.batches,
-        )
-        out.one(
-            "nulltickets_writer_jobs_total",
-            "counter",
-            "Writes committed (divided by batches: the mean batch size).",
-            writer.jobs,
-        )
-        checkpointer = getattr(writer, "checkpointer", None)
-        if checkpointer is not None:
-            out.one(
-                "nulltickets_wal_checkpoints_total",
-                "counter",
-                "WAL checkpoints run in the background.",
-                checkpointer.passes,
-            )
-            out.one(
-                "nulltickets_wal_checkpoints_forced_total",
-                "counter",
-                "WAL checkpoints the writer finished itself (the WAL had grown too large).",
-                checkpointer.finishes,
-            )
-    path = getattr(ctx.db, "path", None)
-    if isinstance(path, str):
-        try:
-            wal = os.path.getsize(path + "-wal")
-        except OSError:
-            wal = 0
-        out.one("nulltickets_wal_bytes", "gauge", "Size of the SQLite write-ahead log.", wal)
+    for key, (metric, kind, help_text) in STORAGE_FIGURES.items():
+        figure = stats.get(key)
+        if figure is not None:
+            out.one(metric, kind, help_text, figure)
     out.lines.append("")
     return web(200, "\n".join(out.lines), PROMETHEUS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nulltickets.service import Reply
+from nulltickets.service import Recorded as Reply
 
 HTML = "text/html; charset=utf-8"
 CSS = "text/css; charset=utf-8"

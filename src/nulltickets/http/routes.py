@@ -18,9 +18,8 @@ from nulltickets.domain import model
 from nulltickets.http import handlers as h
 from nulltickets.http import metrics, sse
 from nulltickets.http.request import Request
-from nulltickets.service import Reply
 
-Handler = Callable[[h.Context, Request], Awaitable[Reply]]
+Handler = Callable[[h.Context, Request], Awaitable[h.Reply]]
 
 
 class Auth(StrEnum):

@@ -15,9 +15,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable
-from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -25,14 +23,11 @@ from nulltickets.domain.model import FeedEvent
 from nulltickets.errors import InvalidCursor
 from nulltickets.http.request import Request
 from nulltickets.http.response import EVENT_STREAM, STREAMED
-from nulltickets.service import Reply
-from nulltickets.storage.backend import Backend
+from nulltickets.service import Recorded as Reply
+from nulltickets.service import Service
 
 if TYPE_CHECKING:
     from nulltickets.http.handlers import Context
-
-T = TypeVar("T")
-Reader = Callable[[Callable[[Backend], T]], Awaitable[T]]
 
 # A comment line every so often keeps proxies from closing an idle stream (and finds the
 # clients that went away). NULLTICKETS_SSE_HEARTBEAT_S changes it (the tests use a short one).
@@ -79,8 +74,8 @@ class _Client:
 
 
 class StreamHub:
-    def __init__(self, read: Reader[Any]) -> None:
-        self._read = read
+    def __init__(self, service: Service) -> None:
+        self._service = service
         self._clients: set[_Client] = set()
         self._last_id: int | None = None  # the newest event the live feed has handed out
         self._fetching = False
@@ -126,7 +121,7 @@ class StreamHub:
                 self._again = False
                 after = self._last_id
                 assert after is not None
-                rows: list[FeedEvent] = await self._read(partial(_feed, after, None))
+                rows = await self._service.events_feed(after, PAGE)
                 for ev in rows:
                     for client in self._clients:
                         if client.filters.admit(ev):
@@ -145,7 +140,7 @@ class StreamHub:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         if self._last_id is None:
-            last: int = await self._read(lambda b: b.last_event_id())
+            last = await self._service.last_event_id()
             if self._last_id is None:
                 self._last_id = last
         client = _Client(filters)
@@ -170,7 +165,7 @@ class StreamHub:
         task_id = filters.task_id
         while after < upto:
             cursor = after
-            rows: list[FeedEvent] = await self._read(partial(_feed, cursor, task_id))
+            rows = await self._service.events_feed(cursor, PAGE, task_id)
             for ev in rows:
                 if ev.id > upto:
                     return found
@@ -185,10 +180,6 @@ class StreamHub:
 def _resolve(future: asyncio.Future[bool], beat: bool = False) -> None:
     if not future.done():
         future.set_result(beat)
-
-
-def _feed(after: int, task_id: str | None, b: Backend) -> list[FeedEvent]:
-    return b.events_feed(after, PAGE, task_id)
 
 
 def _frame(ev: FeedEvent) -> bytes:

@@ -19,11 +19,12 @@ from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.tokens import same_token
 from nulltickets.http.request import Request, parse_query
 from nulltickets.http.response import CSS, HTML, JS, SVG, redirect, web
 from nulltickets.http.routes import Auth, Route
-from nulltickets.service import Reply, now_ms
+from nulltickets.service import Recorded as Reply
 
 if TYPE_CHECKING:
     from nulltickets.http.handlers import Context

@@ -10,16 +10,13 @@
 
 -- insert_pipeline --
 -- A name already taken fails with a unique violation of pipelines_name_key: the backend
--- reports it as duplicate_name (pipeline_name_taken stays the friendly early check).
+-- reports it as duplicate_name (the constraint is the only check).
 INSERT INTO pipelines (id, name, definition_json, created_at_ms)
 VALUES (:id, :name, :definition_json, :now);
 
 -- insert_pipeline_stage --
 INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
 VALUES (:pipeline_id, :stage, :agent_role, :terminal);
-
--- pipeline_name_taken --
-SELECT 1 FROM pipelines WHERE name = :name;
 
 -- get_pipeline --
 SELECT id, name, definition_json, created_at_ms
@@ -182,10 +179,6 @@ LIMIT 1;
 INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
 VALUES (:task_id, :depends_on_task_id, :now);
 
--- dependency_exists --
-SELECT 1 FROM task_dependencies
-WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
-
 -- list_dependencies --
 -- resolved: the upstream task sits in a terminal stage of its own pipeline.
 SELECT d.depends_on_task_id, coalesce(s.terminal, false)
@@ -329,11 +322,6 @@ INSERT INTO leases (
     id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
 )
 VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
-
--- get_run --
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
-FROM runs
-WHERE id = :id;
 
 -- lease_by_run --
 -- A lease with what the lease-protected writes need of its run and task, in one lookup.

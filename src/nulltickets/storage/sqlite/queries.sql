@@ -8,9 +8,6 @@ VALUES (:id, :name, :definition_json, :now);
 INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
 VALUES (:pipeline_id, :stage, :agent_role, :terminal);
 
--- pipeline_name_taken --
-SELECT 1 FROM pipelines WHERE name = :name;
-
 -- get_pipeline --
 SELECT id, name, definition_json, created_at_ms
 FROM pipelines
@@ -31,10 +28,23 @@ VALUES (
     :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
     0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
     :now, :idempotency_key, :retry_delay_set
-);
+)
+-- A task of the pipeline under the same idempotency key (idx_tasks_idempotency_key) means
+-- the plan was sent again: nothing is inserted, and the caller looks the task up.
+ON CONFLICT DO NOTHING;
 
 -- task_by_idempotency_key --
 SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
+
+-- task_details --
+-- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
+-- and fence, and its cancellation.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms, checkpoint_json, fence, cancelled_at_ms, cancel_reason
+FROM tasks
+WHERE id = :id;
 
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
@@ -179,10 +189,6 @@ LIMIT 1;
 INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
 VALUES (:task_id, :depends_on_task_id, :now);
 
--- dependency_exists --
-SELECT 1 FROM task_dependencies
-WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
-
 -- list_dependencies --
 -- resolved: the upstream task sits in a terminal stage of its own pipeline.
 SELECT d.depends_on_task_id, coalesce(s.terminal, 0)
@@ -321,11 +327,6 @@ INSERT INTO leases (
     id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
 )
 VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
-
--- get_run --
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
-FROM runs
-WHERE id = :id;
 
 -- lease_by_run --
 -- A lease with what the lease-protected writes need of its run and task, in one lookup.
