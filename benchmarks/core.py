@@ -14,20 +14,21 @@ import msgspec
 
 from benchmarks.harness import PIPELINE
 from nulltickets import core
+from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, CreateTask, MoveTask
 from nulltickets.domain.tokens import lease_token_hash
-from nulltickets.service import Tracker, now_ms
-from nulltickets.storage.sqlite.backend import SqliteBackend
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.service import Tracker
+from nulltickets.storage.backend import Backend
+from nulltickets.storage.sqlite.database import SqliteDatabase
 
 
 def _run(db_path: Path, cycles: int) -> float:
-    database = Database(str(db_path), durability="normal")  # CPU, not fsync
+    database = SqliteDatabase(str(db_path), durability="normal")  # CPU, not fsync
     database.open()
     tracker = Tracker()
     definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
 
-    def setup(b: SqliteBackend) -> None:
+    def setup(b: Backend) -> None:
         pipeline = tracker.create_pipeline(b, CreatePipeline("core", definition), now_ms())
         for _ in range(cycles):
             tracker.create_task(b, CreateTask(pipeline, "t", ""), now_ms())
@@ -36,7 +37,7 @@ def _run(db_path: Path, cycles: int) -> float:
     claim, move = Claim("agent", "worker"), MoveTask("complete")
     event = AppendEvent("progress", msgspec.Raw(b'{"step":1}'))
 
-    def cycle(b: SqliteBackend) -> None:
+    def cycle(b: Backend) -> None:
         now = now_ms()
         claimed = tracker.claim(b, claim, now)
         assert claimed is not None

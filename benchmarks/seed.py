@@ -12,30 +12,31 @@ from typing import Any
 import msgspec
 
 from benchmarks.harness import PIPELINE, BenchServer
+from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import CreatePipeline
-from nulltickets.service import Tracker, now_ms
-from nulltickets.storage.sqlite.backend import SqliteBackend
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.service import Tracker
+from nulltickets.storage.backend import Backend
+from nulltickets.storage.sqlite import bulk
+from nulltickets.storage.sqlite.database import SqliteDatabase
 
 
 def seed_database(db: Path, *, done: int, waiting: int) -> str:
     """A pipeline todo -> done (role `worker`) with `done` finished and `waiting` ready tasks."""
-    database = Database(str(db))
+    database = SqliteDatabase(str(db))
     database.open()
     tracker = Tracker()
     definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
 
-    def job(b: SqliteBackend) -> str:
+    def job(b: Backend) -> str:
         now = now_ms()
         pipeline = tracker.create_pipeline(b, CreatePipeline("bench", definition), now)
         start = now - 86_400_000
-        rows = [(str(uuid.uuid4()), pipeline, "done", start + i) for i in range(done)]
-        rows += [(str(uuid.uuid4()), pipeline, "todo", start + done + i) for i in range(waiting)]
-        b.conn.executemany(
-            "INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms, "
-            "updated_at_ms) VALUES (?, ?, ?, 'seeded', '', ?, ?4)",
-            rows,
-        )
+        rows = [(str(uuid.uuid4()), pipeline, "done", "seeded", start + i) for i in range(done)]
+        rows += [
+            (str(uuid.uuid4()), pipeline, "todo", "seeded", start + done + i)
+            for i in range(waiting)
+        ]
+        bulk.insert_tasks(b, rows)
         return pipeline
 
     try:

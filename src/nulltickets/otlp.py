@@ -15,6 +15,7 @@ from google.protobuf.json_format import MessageToDict  # type: ignore[import-unt
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from nulltickets.domain.model import SpanRow as SpanRow
 from nulltickets.errors import InvalidJson
 
 DEFAULT_CONTENT_TYPE = "application/x-protobuf"
@@ -31,27 +32,6 @@ JsonObject = dict[str, Any]
 
 class OtlpDecodeError(ValueError):
     """Body is not a valid OTLP/protobuf ExportTraceServiceRequest."""
-
-
-class SpanRow(msgspec.Struct):
-    """One `otlp_spans` row (contract §17), without its id and batch id."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    kind: str | None
-    start_time_unix_nano: int | None
-    end_time_unix_nano: int | None
-    status_code: str | None
-    status_message: str | None
-    scope_name: str | None
-    scope_version: str | None
-    run_id: str | None
-    task_id: str | None
-    attributes_json: str
-    resource_attributes_json: str
-    raw_json: str
 
 
 # --- content type ------------------------------------------------------------------------------

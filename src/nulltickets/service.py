@@ -1,22 +1,27 @@
-"""One function per API verb. Each runs inside a transaction the caller provides: writes on the
-writer's connection (one savepoint each), reads inside a reader's snapshot. Decisions come from
-`core`; rows come from the storage backend.
+"""The service: one async method per API verb, each one unit of work on the database.
+
+`Service` owns the unit of work: it runs each verb's statements in one transaction of the
+`Database` (storage.ports), reads the injected clock once per unit, records and replays
+idempotent answers inside that same transaction, and tells the `Notifier` which roles may
+have work. `Tracker` holds the rules a unit of work applies, given the unit's `Backend` and
+its time: decisions come from `core`, rows from the backend. Nothing here knows HTTP, SQL or
+which backend it runs on.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from nulltickets import __version__, core, otlp
 from nulltickets.domain import fsm
+from nulltickets.domain.clock import Clock, Random, system_random, wall_ms
 from nulltickets.domain.commands import (
     AppendEvent,
     Assign,
@@ -55,6 +60,7 @@ from nulltickets.domain.model import (
     RunStatus,
     SearchHit,
     Span,
+    SpanRow,
     StoreEntry,
     Task,
     TaskAssignment,
@@ -64,12 +70,11 @@ from nulltickets.domain.model import (
     TraceIngest,
     TransitionResult,
 )
-from nulltickets.domain.search import fts_query
+from nulltickets.domain.search import search_terms
 from nulltickets.domain.tokens import new_lease_token, same_hash
 from nulltickets.errors import (
     DependencyTaskNotFound,
     DuplicateDependency,
-    DuplicateName,
     IdempotencyConflict,
     InvalidDependency,
     InvalidJson,
@@ -94,67 +99,69 @@ from nulltickets.errors import (
     TrackerError,
     Unauthorized,
 )
-from nulltickets.otlp import SpanRow
 from nulltickets.storage.backend import Backend
+from nulltickets.storage.ports import Database, Notifier
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
 REAP_BATCH = 500
 _NEVER = 2**63 - 1
+# With several servers on one database, another server's claims may create leases that expire
+# before the earliest one this process knows of: then `_next_expiry` is trusted for at most
+# this long (claims reap at least once per horizon; the janitor reaps on its own timer).
+SHARED_REAP_HORIZON_MS = 1000
 
 _encode = msgspec.json.encode
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+T = TypeVar("T")
 
 
 def _json(value: Any) -> str:
     return _encode(value).decode()
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """An encoded response, as stored for idempotent replay."""
-
-    status: int
-    body: bytes
-
-
 class Tracker:
-    """The service. Holds no state but a cache of parsed pipeline definitions (they are
-    immutable once created)."""
+    """The rules of every verb, inside one unit of work (a `Backend` and its time).
 
-    def __init__(self) -> None:
+    Caches, and why each is safe with several processes on one database: parsed pipeline
+    definitions and their transitions (a definition never changes once created); each role's
+    capped stages (`_capped`, rebuilt when a claim meets a pipeline it was not built with);
+    and `_next_expiry`, a lower bound of the live leases' expiry that lets claims skip the
+    reaper (this process's claims lower it; on a database shared by servers it is trusted for
+    SHARED_REAP_HORIZON_MS at most). A cache a rolled-back batch leaves too low costs one
+    extra reap; none can make a decision wrong, since every transition is guarded in the data.
+    """
+
+    def __init__(
+        self,
+        notifier: Notifier | None = None,
+        rand: Random = system_random,
+        *,
+        shared: bool = False,
+    ) -> None:
+        self._notifier = notifier
+        self._rand = rand
+        self._shared = shared
         self._pipelines: dict[str, fsm.Pipeline | None] = {}
         self._transitions: dict[tuple[str, str], list[AvailableTransition]] = {}
         self._lock = threading.Lock()
-        # A lower bound of every live lease's expiry (0: unknown). Only the writer touches it;
-        # the background janitor recomputes it, so a rolled-back batch cannot leave it wrong.
-        self._next_expiry = 0
-        # (pipeline, stage, max_concurrency) of each role's capped stages, built on demand.
-        self._capped: dict[str, list[tuple[str, str, int]]] = {}
-        # Roles that may have claimable work now or at a time: (role, at_ms; 0 = now). Filled
-        # by writes when `signalling` is on, drained by the server after each commit to wake
-        # long-polling claims. A signal from a batch that rolled back only causes a recheck.
-        self.signalling = False
-        self.signals: list[tuple[str, int]] = []
-        # Long-poll claims in progress (the server counts them from before their first attempt
-        # to their return). With none, a "work now" signal has nobody to wake: every later
-        # claim looks at the committed state first. Signals for later (retry delays) are kept.
-        self.long_polls = 0
+        self._next_expiry = 0  # 0: unknown
+        # Per role: the pipelines it was built from, and (pipeline, stage, max_concurrency) of
+        # the stages with a limit.
+        self._capped: dict[str, tuple[frozenset[str], list[tuple[str, str, int]]]] = {}
 
     @property
     def _listening(self) -> bool:
-        return self.signalling and self.long_polls > 0
+        return self._notifier is not None and self._notifier.listening
 
     def _signal(self, b: Backend, pipeline_id: str, stage: str, at: int = 0) -> None:
-        if not self.signalling or (at == 0 and not self.long_polls):
+        notifier = self._notifier
+        if notifier is None or (at == 0 and not notifier.listening):
             return
         pipeline = self._definition(b, pipeline_id)
         state = pipeline.states.get(stage) if pipeline is not None else None
         if state is not None and state.agent_role is not None:
-            self.signals.append((state.agent_role, at))
+            notifier.notify(b, state.agent_role, at)
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -179,10 +186,8 @@ class Tracker:
         if definition_json is None:
             raise InvalidPipeline("invalid pipeline definition: $ must be an object")
         pipeline = fsm.parse_definition(json.loads(definition_json))
-        if b.pipeline_name_taken(cmd.name):
-            raise DuplicateName(f"a pipeline named {cmd.name!r} already exists")
         pipeline_id = new_id()
-        b.insert_pipeline(pipeline_id, cmd.name, definition_json, now)
+        b.insert_pipeline(pipeline_id, cmd.name, definition_json, now)  # DuplicateName
         for state in pipeline.states.values():
             b.insert_pipeline_stage(pipeline_id, state.name, state.agent_role, state.terminal)
         self._capped.clear()
@@ -205,27 +210,30 @@ class Tracker:
         pipeline = self._definition(b, cmd.pipeline_id)
         if pipeline is None:
             raise TrackerError("the pipeline's stored definition cannot be read")
-        if cmd.idempotency_key is not None:
-            existing = b.task_by_idempotency_key(cmd.pipeline_id, cmd.idempotency_key)
-            if existing is not None:
-                return existing  # the same plan again: the task is already there
         policy = cmd.retry_policy
         task_id = new_id()
-        b.insert_task(
+        inserted = b.insert_task(
             id=task_id,
             pipeline_id=cmd.pipeline_id,
             stage=pipeline.initial,
             title=cmd.title,
             description=cmd.description,
             priority=cmd.priority or 0,
-            metadata_json=compact_json(cmd.metadata, "{}"),
+            metadata_json=compact_json(cmd.metadata, "{}") or "{}",
             max_attempts=policy.max_attempts if policy else None,
             retry_delay_ms=(policy.retry_delay_ms or 0) if policy else 0,
             dead_letter_stage=policy.dead_letter_stage if policy else None,
             idempotency_key=cmd.idempotency_key,
-            retry_delay_set=int(policy is not None and policy.retry_delay_ms is not None),
+            retry_delay_set=policy is not None and policy.retry_delay_ms is not None,
             now=now,
         )
+        if not inserted and cmd.idempotency_key is not None:
+            # The same plan again (the pipeline's idempotency keys are unique in the data,
+            # so concurrent creates insert one task): the task is already there.
+            existing = b.task_by_idempotency_key(cmd.pipeline_id, cmd.idempotency_key)
+            if existing is not None:
+                return existing
+            raise TrackerError("a task under this idempotency key could not be read")
         seen: set[str] = set()
         for dep in cmd.dependencies or ():
             if not b.task_exists(dep):
@@ -261,9 +269,10 @@ class Tracker:
         return found
 
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
-        task = b.get_task(task_id)
-        if task is None:
+        row = b.task_details(task_id)
+        if row is None:
             raise NotFound("task not found")
+        task, checkpoint, fence, cancelled_at, cancel_reason = row
         latest = b.latest_run(task_id)
         details = TaskDetails(
             **msgspec.structs.asdict(task),
@@ -276,14 +285,13 @@ class Tracker:
             ],
             available_transitions=self._available(b, task),
         )
-        details.checkpoint, details.fence = self._resume(b, task_id)
+        details.checkpoint = msgspec.Raw(checkpoint if checkpoint is not None else "null")
+        details.fence = fence
         details.previous_failures = b.previous_failures(task_id)
         if latest is not None:
             details.latest_run = latest
-        if task.dead_letter_reason is not None:  # only a parked task can be cancelled
-            cancelled_at, reason = b.task_cancellation(task_id)
-            if cancelled_at is not None:
-                details.cancelled_at_ms, details.cancel_reason = cancelled_at, reason
+        if cancelled_at is not None:
+            details.cancelled_at_ms, details.cancel_reason = cancelled_at, cancel_reason
         return details
 
     @staticmethod
@@ -332,9 +340,7 @@ class Tracker:
             raise TaskNotFound()
         if not b.task_exists(depends_on):
             raise DependencyTaskNotFound()
-        if b.dependency_exists(task_id, depends_on):
-            raise DuplicateDependency()
-        b.insert_dependency(task_id, depends_on, now)
+        b.insert_dependency(task_id, depends_on, now)  # DuplicateDependency: a key of the data
 
     def list_dependencies(self, b: Backend, task_id: str) -> list[Dependency]:
         return b.list_dependencies(task_id)
@@ -481,10 +487,16 @@ class Tracker:
         if len(expired) < REAP_BATCH:
             # Nothing can expire before the earliest remaining expiry: claims may skip the
             # janitor until then (claims and heartbeats only ever move that time later).
-            self._next_expiry = b.next_lease_expiry() or _NEVER
+            upcoming = b.next_lease_expiry() or _NEVER
+            if self._shared:
+                upcoming = min(upcoming, now + SHARED_REAP_HORIZON_MS)
+            self._next_expiry = upcoming
+        reaped = 0
         for lease_id, run_id, task_id in expired:
             b.delete_lease(lease_id)
-            b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now)
+            if not b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now):
+                continue  # another reaper (or the run's own end) came first: counted there
+            reaped += 1
             task = b.get_task(task_id)
             assert task is not None
             failed = b.failed_attempts(task_id)
@@ -495,7 +507,7 @@ class Tracker:
                 now,
             )
             self._after_failure(b, task, run_id, failed, now)
-        return len(expired)
+        return reaped
 
     def _after_failure(self, b: Backend, task: Task, run_id: str, failed: int, now: int) -> None:
         pipeline = self._definition(b, task.pipeline_id)
@@ -515,7 +527,7 @@ class Tracker:
             backoff=policy.retry_backoff,
             max_delay_ms=policy.retry_max_delay_ms,
             jitter=policy.retry_jitter,
-            rand=random.random(),
+            rand=self._rand(),
         )
         self._signal(b, task.pipeline_id, task.stage)  # a lease ended: capacity is free
         if isinstance(outcome, core.DeadLettered):
@@ -557,15 +569,17 @@ class Tracker:
             self.reap_expired(b, now)
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
         capped = self._full_pairs(b, cmd.agent_role)
-        task = b.claim_candidate(
-            cmd.agent_role,
-            cmd.agent_id,
-            _json(full) if full else None,
-            now,
-            _json(capped) if capped else None,
-        )
+        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
         if task is None:
             return None
+        if task.pipeline_id not in self._capped[cmd.agent_role][0]:
+            # A pipeline created since the role's limits were read (by another server): read
+            # them again, and choose again under them.
+            del self._capped[cmd.agent_role]
+            capped = self._full_pairs(b, cmd.agent_role)
+            task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
+            if task is None:
+                return None
         pipeline = self._definition(b, task.pipeline_id)
         policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
         ttl = core.lease_ttl(
@@ -602,16 +616,18 @@ class Tracker:
 
     def _full_pairs(self, b: Backend, role: str) -> list[tuple[str, str]]:
         """(pipeline, stage) of this role whose stage policy's max_concurrency is reached."""
-        capped = self._capped.get(role)
-        if capped is None:
+        known = self._capped.get(role)
+        if known is None:
             capped = []
+            pipelines = set()
             for pipeline_id, stage in b.role_stages(role):
+                pipelines.add(pipeline_id)
                 pipeline = self._definition(b, pipeline_id)
                 cap = pipeline.policy(stage).max_concurrency if pipeline is not None else None
                 if cap is not None:
                     capped.append((pipeline_id, stage, cap))
-            self._capped[role] = capped
-        return [(p, s) for p, s, cap in capped if b.leased_in_pipeline_stage(p, s) >= cap]
+            known = self._capped[role] = (frozenset(pipelines), capped)
+        return [(p, s) for p, s, cap in known[1] if b.leased_in_pipeline_stage(p, s) >= cap]
 
     def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
         """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
@@ -758,9 +774,9 @@ class Tracker:
         task = b.get_task(lease.task_id)
         if task is None:
             raise TrackerError("the run's task cannot be read")
-        b.end_run(
-            lease.run_id, RunStatus.FAILED, compact_json(cmd.usage, "{}") or "{}", cmd.error, now
-        )
+        usage = compact_json(cmd.usage, "{}") or "{}"
+        if not b.end_run(lease.run_id, RunStatus.FAILED, usage, cmd.error, now):
+            raise RunNotRunning()  # ended meanwhile (a reaper, a cancel): its end counted
         b.delete_lease(lease.id)
         self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), now)
 
@@ -814,7 +830,7 @@ class Tracker:
             uri=cmd.uri,
             sha256=cmd.sha256,
             size_bytes=cmd.size_bytes,
-            meta_json=compact_json(cmd.meta, "{}"),
+            meta_json=compact_json(cmd.meta, "{}") or "{}",
         )
         return artifact_id
 
@@ -864,13 +880,13 @@ class Tracker:
     ) -> list[SearchHit]:
         if text is None:
             raise MissingParam("q is required")
-        query = fts_query(text)
-        if query is None:
+        terms = search_terms(text)
+        if not terms:
             raise InvalidQuery("q has no search term")
         if filter_path is not None and not filter_path.startswith("$"):
             raise InvalidQuery("filter_path must be a JSON path such as $.status")
         try:
-            return b.search_store(query, namespace, filter_path, filter_value, limit)
+            return b.search_store(terms, namespace, filter_path, filter_value, limit)
         except StorageQueryError as exc:
             raise InvalidQuery(f"cannot search with this filter_path: {exc}") from None
 
@@ -894,7 +910,7 @@ class Tracker:
             content_type, payload.decode() if as_json else None, None, len(spans), now
         )
         for span in spans:
-            b.insert_otlp_span(batch, msgspec.structs.asdict(span))
+            b.insert_otlp_span(batch, span)
         return TraceIngest(batch, len(spans), "json" if as_json else "protobuf")
 
     def list_spans(
@@ -931,55 +947,6 @@ class Tracker:
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)
 
-    # --- idempotency ---------------------------------------------------------------------------
-
-    def idempotent(
-        self,
-        b: Backend,
-        *,
-        key: str,
-        method: str,
-        path: str,
-        request_hash: bytes,
-        auth_hash: bytes | None,
-        execute: Callable[[], Reply],
-        now: int,
-        redact: Callable[[bytes], bytes] | None = None,
-        revive: Callable[[bytes], bytes] | None = None,
-    ) -> Reply:
-        """Replay the stored success for this key, or execute and store a success.
-
-        Only successes are stored; failures run again on retry. On lease routes the stored
-        lease-token hash must match the presented one before anything is replayed.
-        """
-        stored = b.get_idempotency(key, method, path)
-        if stored is not None:
-            stored_hash, stored_auth, status, body = stored
-            if not same_hash(stored_hash, request_hash):
-                raise IdempotencyConflict()
-            if stored_auth is not None and (
-                auth_hash is None or not same_hash(stored_auth, auth_hash)
-            ):
-                raise Unauthorized("lease token does not match")
-            raw = body.encode()
-            return Reply(status, revive(raw) if revive is not None else raw)
-        reply = execute()
-        # Only answers with a body are kept: a 204 (no claimable task, a PUT or DELETE done)
-        # has nothing to replay, and running it again is what a retry should do.
-        if reply.status in (200, 201):
-            stored_body = redact(reply.body) if redact is not None else reply.body
-            b.put_idempotency(
-                key=key,
-                method=method,
-                path=path,
-                request_hash=request_hash,
-                auth_hash=auth_hash,
-                status=reply.status,
-                body=stored_body.decode(),
-                now=now,
-            )
-        return reply
-
 
 def _clamp(t: int) -> int:
     return max(-(2**63), min(t, 2**63 - 1))
@@ -991,3 +958,540 @@ def _page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str |
         rows = rows[:limit]
         return rows, cursor_of(rows[-1])
     return rows, None
+
+
+# --- the unit of work --------------------------------------------------------------------------
+
+
+class Kind(Enum):
+    """What a write did, for the caller to answer with (HTTP: 201, 200, 204)."""
+
+    CREATED = "created"
+    OK = "ok"
+    EMPTY = "empty"  # nothing to say: no claimable task, a value stored or deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """A write's typed result."""
+
+    kind: Kind
+    value: T
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An answer as an idempotency record keeps it and a replay returns it: a status and the
+    exact body bytes (contract §3)."""
+
+    status: int
+    body: bytes
+
+
+# How the caller turns an outcome into the answer it sends; the service stores that answer
+# under the request's Idempotency-Key, in the same transaction as the write.
+Record = Callable[[Outcome[Any]], Recorded]
+
+
+@dataclass(frozen=True, slots=True)
+class Idem:
+    """A request under an Idempotency-Key: what identifies it, and how its answer is made."""
+
+    key: str
+    method: str
+    path: str
+    request_hash: bytes
+    auth_hash: bytes | None  # on lease routes: a replay needs the same lease token
+    record: Record
+
+
+Written = Outcome[T] | Recorded  # a fresh outcome, or the recorded answer of a replay
+
+
+def _claim_outcome(result: ClaimResult | None) -> Outcome[ClaimResult | None]:
+    return Outcome(Kind.EMPTY if result is None else Kind.OK, result)
+
+
+class Service:
+    """One async method per API verb, each one unit of work on `db`.
+
+    Writes return `Outcome | Recorded`: the typed outcome, or, when `idem` names a request
+    already answered, the answer recorded then. Reads return their value. The clock is read
+    once per unit of work and the random source feeds retry jitter: tests pass fixed ones.
+    """
+
+    def __init__(
+        self, db: Database, *, clock: Clock = wall_ms, rand: Random = system_random
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.notifier = db.notifier
+        self.tracker = Tracker(db.notifier, rand, shared=db.capabilities.shared_by_servers)
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    async def _write(
+        self,
+        idem: Idem | None,
+        act: Callable[[Backend, int], Outcome[T]],
+        *,
+        redact: Callable[[Outcome[T]], Outcome[T]] | None = None,
+        revive: Callable[[Backend, bytes], bytes] | None = None,
+    ) -> Written[T]:
+        clock = self.clock
+        if idem is None:
+            return await self.db.write(lambda b: act(b, clock()))
+
+        def job(b: Backend) -> Written[T]:
+            now = clock()
+            return _idempotent(b, idem, now, act, redact, revive)
+
+        return await self.db.write(job)
+
+    async def _read(self, job: Callable[[Backend], T]) -> T:
+        return await self.db.read(job)
+
+    # --- pipelines -----------------------------------------------------------------------------
+
+    async def create_pipeline(self, cmd: CreatePipeline, idem: Idem | None = None) -> Written[str]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.CREATED, t.create_pipeline(b, cmd, now))
+        )
+
+    async def list_pipelines(self) -> list[Pipeline]:
+        return await self._read(self.tracker.list_pipelines)
+
+    async def get_pipeline(self, pipeline_id: str) -> Pipeline:
+        return await self._read(lambda b: self.tracker.get_pipeline(b, pipeline_id))
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    async def create_task(self, cmd: CreateTask, idem: Idem | None = None) -> Written[str]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.CREATED, t.create_task(b, cmd, now))
+        )
+
+    async def create_tasks(
+        self, cmds: list[CreateTask], idem: Idem | None = None
+    ) -> Written[list[str]]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.CREATED, t.create_tasks(b, cmds, now))
+        )
+
+    async def list_tasks(
+        self,
+        *,
+        stage: str | None,
+        pipeline_id: str | None,
+        after: tuple[int, str] | None,
+        limit: int,
+        agent_role: str | None = None,
+    ) -> tuple[list[Task], str | None]:
+        return await self._read(
+            lambda b: self.tracker.list_tasks(
+                b,
+                stage=stage,
+                pipeline_id=pipeline_id,
+                after=after,
+                limit=limit,
+                agent_role=agent_role,
+            )
+        )
+
+    async def get_task(self, task_id: str) -> TaskDetails:
+        return await self._read(lambda b: self.tracker.get_task(b, task_id))
+
+    async def get_checkpoint(self, task_id: str) -> TaskCheckpoint:
+        return await self._read(lambda b: self.tracker.get_checkpoint(b, task_id))
+
+    async def run_state(self, task_id: str) -> str:
+        return await self._read(lambda b: self.tracker.run_state(b, task_id))
+
+    async def requeue(
+        self, task_id: str, cmd: RequeueTask, idem: Idem | None = None
+    ) -> Written[TaskDetails]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.OK, t.requeue(b, task_id, cmd, now))
+        )
+
+    async def cancel(
+        self, task_id: str, cmd: CancelTask, idem: Idem | None = None
+    ) -> Written[TaskDetails]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.OK, t.cancel(b, task_id, cmd, now))
+        )
+
+    async def list_task_events(
+        self, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskEvent], str | None]:
+        return await self._read(lambda b: self.tracker.list_task_events(b, task_id, after, limit))
+
+    async def add_dependency(
+        self, task_id: str, depends_on: str, idem: Idem | None = None
+    ) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.add_dependency(b, task_id, depends_on, now)
+            return Outcome(Kind.CREATED, None)
+
+        return await self._write(idem, act)
+
+    async def list_dependencies(self, task_id: str) -> list[Dependency]:
+        return await self._read(lambda b: self.tracker.list_dependencies(b, task_id))
+
+    async def assign(self, task_id: str, cmd: Assign, idem: Idem | None = None) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.assign(b, task_id, cmd, now)
+            return Outcome(Kind.CREATED, None)
+
+        return await self._write(idem, act)
+
+    async def unassign(
+        self, task_id: str, agent_id: str, idem: Idem | None = None
+    ) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.unassign(b, task_id, agent_id, now)
+            return Outcome(Kind.OK, None)
+
+        return await self._write(idem, act)
+
+    async def list_assignments(self, task_id: str) -> list[Assignment]:
+        return await self._read(lambda b: self.tracker.list_assignments(b, task_id))
+
+    # --- leases and runs -----------------------------------------------------------------------
+
+    async def claim(self, cmd: Claim, idem: Idem | None = None) -> Written[ClaimResult | None]:
+        """One attempt to claim (a long poll repeats it while its role's wake-ups come)."""
+        t = self.tracker
+
+        def redact(outcome: Outcome[ClaimResult | None]) -> Outcome[ClaimResult | None]:
+            # Lease tokens are never stored in clear, not even in the idempotency record.
+            result = outcome.value
+            if result is None:
+                return outcome
+            return Outcome(outcome.kind, msgspec.structs.replace(result, lease_token=""))
+
+        def revive(b: Backend, body: bytes) -> bytes:
+            # A replayed claim gets the same lease under a fresh token.
+            result = msgspec.json.decode(body, type=ClaimResult)
+            result.lease_token = t.rotate_claim_token(b, result.lease_id)
+            return _encode(result)
+
+        return await self._write(
+            idem, lambda b, now: _claim_outcome(t.claim(b, cmd, now)), redact=redact, revive=revive
+        )
+
+    async def heartbeat(
+        self,
+        lease_id: str,
+        token_hash: bytes,
+        command: Callable[[], Heartbeat],
+        idem: Idem | None = None,
+    ) -> Written[int]:
+        """`command` gives the body, decoded: called only after the lease checks, so that a
+        bad body is reported after a bad lease."""
+        t = self.tracker
+        return await self._write(
+            idem,
+            lambda b, now: Outcome(Kind.OK, t.heartbeat(b, lease_id, token_hash, command(), now)),
+        )
+
+    async def append_event(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], AppendEvent],
+        idem: Idem | None = None,
+    ) -> Written[int]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[int]:
+            try:
+                event = command()
+            except InvalidJson:  # the lease's errors come before the body's
+                t.check_run_lease(b, run_id, token_hash, now)
+                raise
+            return Outcome(Kind.CREATED, t.append_event(b, run_id, token_hash, event, now))
+
+        return await self._write(idem, act)
+
+    async def check_run_lease(self, run_id: str, token_hash: bytes) -> LeaseRow:
+        """The run's live lease held with this token (for reads a lease authorises)."""
+        now = self.clock()
+        return await self._read(lambda b: self.tracker.check_run_lease(b, run_id, token_hash, now))
+
+    async def list_events(
+        self, run_id: str, after: int, limit: int
+    ) -> tuple[list[Event], str | None]:
+        return await self._read(lambda b: self.tracker.list_events(b, run_id, after, limit))
+
+    async def _under_run_lease(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], Any],
+        act: Callable[[Backend, LeaseRow, Any, int], Outcome[T]],
+        idem: Idem | None,
+    ) -> Written[T]:
+        """A write on /runs/{id}/...: the run's lease (and any expected_fence) is checked
+        first, then `act` runs with the lease and the body, only then required to be valid."""
+        t = self.tracker
+
+        def checked(b: Backend, now: int) -> Outcome[T]:
+            lease = t.check_run_lease(b, run_id, token_hash, now, _fence(command))
+            return act(b, lease, command(), now)
+
+        return await self._write(idem, checked)
+
+    async def transition(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], MoveTask],
+        idem: Idem | None = None,
+    ) -> Written[TransitionResult]:
+        t = self.tracker
+        return await self._under_run_lease(
+            run_id,
+            token_hash,
+            command,
+            lambda b, lease, move, now: Outcome(Kind.OK, t.transition(b, lease, move, now)),
+            idem,
+        )
+
+    async def fail(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], FailRun],
+        idem: Idem | None = None,
+    ) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, lease: LeaseRow, failure: FailRun, now: int) -> Outcome[None]:
+            t.fail(b, lease, failure, now)
+            return Outcome(Kind.OK, None)
+
+        return await self._under_run_lease(run_id, token_hash, command, act, idem)
+
+    async def checkpoint(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], WriteCheckpoint],
+        idem: Idem | None = None,
+    ) -> Written[CheckpointResult]:
+        t = self.tracker
+        return await self._under_run_lease(
+            run_id,
+            token_hash,
+            command,
+            lambda b, lease, patch, now: Outcome(Kind.OK, t.checkpoint(b, lease, patch, now)),
+            idem,
+        )
+
+    async def release(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        command: Callable[[], ReleaseRun],
+        idem: Idem | None = None,
+    ) -> Written[Released]:
+        t = self.tracker
+        return await self._under_run_lease(
+            run_id,
+            token_hash,
+            command,
+            lambda b, lease, reason, now: Outcome(Kind.OK, t.release(b, lease, reason, now)),
+            idem,
+        )
+
+    async def release_agent(
+        self, agent_id: str, reason: str | None, idem: Idem | None = None
+    ) -> Written[AgentReleased]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.OK, t.release_agent(b, agent_id, reason, now))
+        )
+
+    # --- artifacts -----------------------------------------------------------------------------
+
+    async def create_artifact(self, cmd: CreateArtifact, idem: Idem | None = None) -> Written[str]:
+        t = self.tracker
+        return await self._write(
+            idem, lambda b, now: Outcome(Kind.CREATED, t.create_artifact(b, cmd, now))
+        )
+
+    async def list_artifacts(
+        self,
+        *,
+        task_id: str | None,
+        run_id: str | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[Artifact], str | None]:
+        return await self._read(
+            lambda b: self.tracker.list_artifacts(
+                b, task_id=task_id, run_id=run_id, after=after, limit=limit
+            )
+        )
+
+    # --- store ---------------------------------------------------------------------------------
+
+    async def put_value(
+        self, namespace: str, key: str, cmd: PutValue, idem: Idem | None = None
+    ) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.put_value(b, namespace, key, cmd, now)
+            return Outcome(Kind.EMPTY, None)
+
+        return await self._write(idem, act)
+
+    async def get_value(self, namespace: str, key: str) -> StoreEntry:
+        return await self._read(lambda b: self.tracker.get_value(b, namespace, key))
+
+    async def delete_value(
+        self, namespace: str, key: str, idem: Idem | None = None
+    ) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.delete_value(b, namespace, key)
+            return Outcome(Kind.EMPTY, None)
+
+        return await self._write(idem, act)
+
+    async def list_namespace(self, namespace: str) -> list[StoreEntry]:
+        return await self._read(lambda b: self.tracker.list_namespace(b, namespace))
+
+    async def delete_namespace(self, namespace: str, idem: Idem | None = None) -> Written[None]:
+        t = self.tracker
+
+        def act(b: Backend, now: int) -> Outcome[None]:
+            t.delete_namespace(b, namespace)
+            return Outcome(Kind.EMPTY, None)
+
+        return await self._write(idem, act)
+
+    async def search(
+        self,
+        *,
+        text: str | None,
+        namespace: str | None,
+        filter_path: str | None,
+        filter_value: str | None,
+        limit: int,
+    ) -> list[SearchHit]:
+        return await self._read(
+            lambda b: self.tracker.search(
+                b,
+                text=text,
+                namespace=namespace,
+                filter_path=filter_path,
+                filter_value=filter_value,
+                limit=limit,
+            )
+        )
+
+    # --- traces --------------------------------------------------------------------------------
+
+    async def ingest_traces(
+        self,
+        content_type: str,
+        spans: list[SpanRow] | None,
+        payload: bytes,
+        idem: Idem | None = None,
+    ) -> Written[TraceIngest]:
+        t = self.tracker
+        return await self._write(
+            idem,
+            lambda b, now: Outcome(Kind.OK, t.ingest_traces(b, content_type, spans, payload, now)),
+        )
+
+    async def list_spans(
+        self, run_id: str, after: int, limit: int
+    ) -> tuple[list[Span], str | None]:
+        return await self._read(lambda b: self.tracker.list_spans(b, run_id, after, limit))
+
+    # --- operations and upkeep -----------------------------------------------------------------
+
+    async def queue_report(self, near_expiry_ms: int, stuck_ms: int) -> QueueReport:
+        now = self.clock()
+        return await self._read(
+            lambda b: self.tracker.queue_report(b, now, near_expiry_ms, stuck_ms)
+        )
+
+    async def health(self) -> Health:
+        now = self.clock()
+        return await self._read(lambda b: self.tracker.health(b, now))
+
+    async def reap_expired(self) -> int:
+        """End every lease past its time (the janitor; claims also reap when one may be)."""
+        return await self.db.write(lambda b: self.tracker.reap_expired(b, self.clock()))
+
+    async def purge_idempotency(self) -> int:
+        return await self.db.write(lambda b: self.tracker.purge_idempotency(b, self.clock()))
+
+
+def _fence(command: Callable[[], Any]) -> int | None:
+    """The expected_fence of a body decoded later (None if absent or the body is bad)."""
+    try:
+        fence: int | None = command().expected_fence
+    except InvalidJson:
+        return None
+    return fence
+
+
+def _idempotent(
+    b: Backend,
+    idem: Idem,
+    now: int,
+    act: Callable[[Backend, int], Outcome[T]],
+    redact: Callable[[Outcome[T]], Outcome[T]] | None,
+    revive: Callable[[Backend, bytes], bytes] | None,
+) -> Written[T]:
+    """Replay the answer recorded under this key, or act and record the answer, in the unit
+    of work `b`.
+
+    Only answers with a body are recorded: an EMPTY outcome (no claimable task, a value
+    stored or deleted) has nothing to replay, and running it again is what a retry should
+    do; failures are never recorded. On lease routes the recorded lease-token hash must
+    match the presented one before anything is replayed.
+    """
+    stored = b.get_idempotency(idem.key, idem.method, idem.path)
+    if stored is not None:
+        stored_hash, stored_auth, status, body = stored
+        if not same_hash(stored_hash, idem.request_hash):
+            raise IdempotencyConflict()
+        if stored_auth is not None and (
+            idem.auth_hash is None or not same_hash(stored_auth, idem.auth_hash)
+        ):
+            raise Unauthorized("lease token does not match")
+        raw = body.encode()
+        return Recorded(status, revive(b, raw) if revive is not None else raw)
+    outcome = act(b, now)
+    if outcome.kind is not Kind.EMPTY:
+        answer = idem.record(redact(outcome) if redact is not None else outcome)
+        b.put_idempotency(
+            key=idem.key,
+            method=idem.method,
+            path=idem.path,
+            request_hash=idem.request_hash,
+            auth_hash=idem.auth_hash,
+            status=answer.status,
+            body=answer.body.decode(),
+            now=now,
+        )
+    return outcome

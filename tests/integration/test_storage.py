@@ -11,10 +11,11 @@ from pathlib import Path
 import apsw
 import pytest
 
+from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import AppendEvent, Claim, CreatePipeline, CreateTask, MoveTask
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import StorageBusy, TaskNotFound
-from nulltickets.service import Tracker, now_ms
+from nulltickets.service import Tracker
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.backend import Q
@@ -253,13 +254,14 @@ def test_a_write_lock_held_by_another_process_becomes_storage_busy(tmp_path: Pat
 
 
 def test_transitions_signal_wake_ups_only_while_a_long_poll_listens(db: Database) -> None:
-    """A "work is here now" signal has an audience only while some claim is long-polling
-    (every other claim reads the committed state first), so a transition skips them, and the
-    dependents lookup they need, when none is."""
-    tracker = Tracker()
-    tracker.signalling = True
+    """A "work is here now" notification has an audience only while some claim is
+    long-polling (every other claim reads the committed state first), so a transition skips
+    them, and the dependents lookup they need, when none is."""
+    tracker = Tracker(db.notifier)
+    heard: list[tuple[str, int]] = []
+    db.notifier.subscribe(lambda role, at: heard.append((role, at)))
     seed(db, tracker, 2)
-    tracker.signals.clear()
+    heard.clear()
 
     def claim_and_submit(b):  # type: ignore[no-untyped-def]
         now = now_ms()
@@ -270,10 +272,10 @@ def test_transitions_signal_wake_ups_only_while_a_long_poll_listens(db: Database
         tracker.transition(b, lease, MoveTask("submit"), now)
 
     db.write_sync(claim_and_submit)
-    assert tracker.signals == []
-    tracker.long_polls = 1
-    db.write_sync(claim_and_submit)
-    assert sorted(tracker.signals) == [("coder", 0), ("reviewer", 0)]
+    assert heard == []
+    with db.notifier.waiting():
+        db.write_sync(claim_and_submit)
+    assert sorted(heard) == [("coder", 0), ("reviewer", 0)]
 
 
 def test_the_claim_cycle_runs_on_statements_prepared_once(db: Database) -> None:

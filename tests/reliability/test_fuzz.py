@@ -31,9 +31,10 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from nulltickets.domain.fsm import parse_definition
-from nulltickets.domain.search import fts_query
+from nulltickets.domain.search import search_terms
 from nulltickets.errors import InvalidPipeline
 from nulltickets.http.routes import ROUTES, Auth
+from nulltickets.storage.sqlite.search import fts_query
 from tests.reliability.report import Recorder, scale, soak
 from tests.server import PIPELINE, Client, Server
 
@@ -588,18 +589,19 @@ def test_any_text_becomes_a_valid_fts5_query_of_quoted_phrases(
     def check(text: str) -> None:
         nonlocal count
         count += 1
-        query = fts_query(text)
         terms = [t for t in re.split(r"[ \t\r\n\x00]+", text) if t]
+        assert search_terms(text) == terms
         if not terms:
-            assert query is None
             return
-        assert query is not None
+        query = fts_query(terms)
         assert query == " ".join('"' + t.replace('"', '""') + '"' for t in terms)
         fts.execute("SELECT count(*) FROM t WHERE t MATCH ?", (query,)).fetchall()  # never raises
 
     check()
     row.tried = count
-    row.detail = "each term one quoted phrase, FTS5 accepted every query, None only for blank text"
+    row.detail = (
+        "each term one quoted phrase, FTS5 accepted every query, no term only in blank text"
+    )
 
 
 def test_a_stored_word_is_found_by_searching_for_it(fts: apsw.Connection, record: Recorder) -> None:
@@ -629,8 +631,7 @@ def test_a_stored_word_is_found_by_searching_for_it(fts: apsw.Connection, record
                 "INSERT INTO t(namespace, key, value_json) VALUES ('ns', 'k', ?)",
                 (json.dumps({"text": f"{around} {word} {around}"}, ensure_ascii=False),),
             )
-        query = fts_query(word)
-        assert query is not None
+        query = fts_query(search_terms(word))
         hits = fts.execute("SELECT count(*) FROM t WHERE t MATCH ?", (query,)).fetchall()[0][0]
         assert hits == 1, (word, around)
 
@@ -660,7 +661,7 @@ def test_the_server_answers_any_search_text_with_results_or_invalid_query(
     def check(text: str) -> None:
         r = client.get("/store/search?q=" + quote(text, safe=""))
         seen[r.status] += 1
-        if fts_query(text) is None:
+        if not search_terms(text):
             assert (r.status, r.error_code) == (400, "invalid_query"), (text, r.body)
         else:
             assert r.status == 200, (text, r.body)

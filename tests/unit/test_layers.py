@@ -36,18 +36,51 @@ def test_domain_and_core_import_nothing_from_storage_http_or_service(path: Path)
     assert not bad, f"{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize(
-    "path", [SRC / "service.py", *modules(SRC / "http"), *modules(SRC / "core")], ids=str
-)
-def test_nothing_above_storage_imports_the_driver_or_sqlite_queries(path: Path) -> None:
+ABOVE_STORAGE = [p for p in modules(SRC) if SRC / "storage" not in p.parents]
+BACKENDS = ("nulltickets.storage.sqlite", "nulltickets.storage.postgres")
+DRIVERS = ("apsw", "psycopg", "psycopg_pool")
+# Top-level modules allowed to name the SQLite backend: the maintenance commands, which work
+# on a SQLite file as such (backup, vacuum), and launch.py until its preflight opens the
+# database through storage.factory like the server does.
+SQLITE_TOOLS = {"launch.py", "admin_cli.py", "db_cli.py"}
+
+
+@pytest.mark.parametrize("path", ABOVE_STORAGE, ids=lambda p: str(p.relative_to(SRC)))
+def test_nothing_above_storage_imports_a_backend_or_a_driver(path: Path) -> None:
     found = imports_of(path)
-    assert "apsw" not in found
-    assert "nulltickets.storage.sqlite.backend" not in found
+    bad = {m for m in found if m.split(".")[0] in DRIVERS}
+    if path.name not in SQLITE_TOOLS or path.parent != SRC:
+        bad |= {m for m in found if m.startswith(BACKENDS)}
+    else:
+        bad |= {m for m in found if m.startswith("nulltickets.storage.postgres")}
+    assert not bad, f"{path.relative_to(SRC)} imports {bad}"
 
 
-def test_the_service_sees_storage_only_through_the_backend_protocol() -> None:
+def test_the_service_sees_storage_only_through_the_ports() -> None:
     storage = {m for m in imports_of(SRC / "service.py") if m.startswith("nulltickets.storage")}
-    assert storage == {"nulltickets.storage.backend"}
+    assert storage == {"nulltickets.storage.backend", "nulltickets.storage.ports"}
+
+
+def test_http_opens_the_database_only_through_the_factory() -> None:
+    for path in modules(SRC / "http"):
+        storage = {m for m in imports_of(path) if m.startswith("nulltickets.storage")}
+        assert storage <= {"nulltickets.storage.factory", "nulltickets.storage.ports"}, path
+
+
+def test_the_ports_and_the_factory_import_no_backend_at_import_time() -> None:
+    for name in ("ports.py", "backend.py", "factory.py", "queries.py", "__init__.py"):
+        top_level = {
+            node.module
+            for node in ast.parse((SRC / "storage" / name).read_text()).body
+            if isinstance(node, ast.ImportFrom) and node.module
+        } | {
+            alias.name
+            for node in ast.parse((SRC / "storage" / name).read_text()).body
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
+        bad = {m for m in top_level if m.startswith(BACKENDS) or m.split(".")[0] in DRIVERS}
+        assert not bad, f"storage/{name} imports {bad} when imported"
 
 
 def test_storage_imports_nothing_above_it() -> None:

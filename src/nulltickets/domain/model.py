@@ -302,3 +302,24 @@ class TraceIngest(Struct):
     batch_id: int
     accepted_spans: int
     stored: str
+
+
+class SpanRow(Struct):
+    """One `otlp_spans` row (contract §17), without its id and batch id."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: str | None
+    start_time_unix_nano: int | None
+    end_time_unix_nano: int | None
+    status_code: str | None
+    status_message: str | None
+    scope_name: str | None
+    scope_version: str | None
+    run_id: str | None
+    task_id: str | None
+    attributes_json: str
+    resource_attributes_json: str
+    raw_json: str

@@ -1,4 +1,4 @@
-"""Turning any user text into a safe FTS5 query."""
+"""What a search is for: the user's text as a list of terms, whichever backend searches."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ import re
 _SPLIT = re.compile(r"[ \t\r\n\x00]+")
 
 
-def fts_query(text: str) -> str | None:
-    """Each whitespace-separated term becomes a quoted FTS5 phrase, joined by AND.
-
-    So user text can never use FTS operators, prefixes or column filters: `NEAR(a b)`, `a*`,
-    `-x`, `col:term` and stray quotes are all just words. Returns None when no term remains.
-    """
-    terms = [t for t in _SPLIT.split(text) if t]
-    if not terms:
-        return None
-    return " ".join('"' + t.replace('"', '""') + '"' for t in terms)
+def search_terms(text: str) -> list[str]:
+    """The whitespace-separated terms of `text` (NUL counts as a space). Every term is a word
+    to find, never an operator: each backend quotes them in its own query language (FTS5
+    phrases in storage/sqlite/search.py). Empty when the text has no term."""
+    return [t for t in _SPLIT.split(text) if t]

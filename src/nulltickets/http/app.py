@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 import time
-from functools import partial
 from typing import Any
 
 from nulltickets.config import Settings
@@ -20,8 +19,8 @@ from nulltickets.http.errors import EXTRA_HEADERS, error_response
 from nulltickets.http.handlers import Context, check_admin
 from nulltickets.http.request import Request
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
-from nulltickets.service import Tracker, now_ms
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.service import Service
+from nulltickets.storage.factory import open_database
 
 log = logging.getLogger("nulltickets")
 
@@ -50,12 +49,11 @@ class App:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        db = Database(self.settings.db, durability=self.settings.durability)
-        db.open()
-        tracker = Tracker()
-        tracker.signalling = True
-        self.ctx = Context(db, tracker, self.settings.token)
-        db.writer.on_commit(self._deliver_signals)
+        db = open_database(self.settings.db, durability=self.settings.durability)
+        self.ctx = Context(Service(db), self.settings.token)
+        # Long-polling claims wake on the database's notifications (this process's commits on
+        # SQLite; every server's on PostgreSQL), delivered on this loop.
+        db.notifier.subscribe(self.ctx.wakeups.deliver, loop)
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)
         _watch_parent(loop, self._begin_shutdown)
@@ -67,7 +65,7 @@ class App:
                 loop.run_until_complete(self._upkeep)
         if self.ctx is not None:
             self.ctx.wakeups.close()
-            self.ctx.db.close()
+            self.ctx.service.db.close()
             self.ctx = None
 
     def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -96,35 +94,20 @@ class App:
         """Expire overdue leases promptly (not only when someone claims) and drop old
         idempotency records."""
         assert self.ctx is not None
-        ctx = self.ctx
-        last_purge = 0
+        service = self.ctx.service
+        last_purge: float | None = None
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             self._cancel_late_readers()
             try:
-                now = now_ms()
-                await ctx.db.write(partial(ctx.tracker.reap_expired, now=now))
-                if now - last_purge > 3_600_000:
-                    await ctx.db.write(partial(ctx.tracker.purge_idempotency, now=now))
-                    last_purge = now
+                await service.reap_expired()
+                if last_purge is None or time.monotonic() - last_purge > 3600:
+                    await service.purge_idempotency()
+                    last_purge = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # busy or full: try again next round
                 log.warning("maintenance failed: %s", exc)
-
-    def _deliver_signals(self) -> None:
-        """After a commit: wake the long-polling claims whose role may have work now, and set
-        timers for the work that becomes eligible later (retry delays)."""
-        ctx = self.ctx
-        if ctx is None or not ctx.tracker.signals:
-            return
-        signals, ctx.tracker.signals = ctx.tracker.signals, []
-        now = now_ms()
-        for role, at in signals:
-            if at <= now:
-                ctx.wakeups.wake(role)
-            else:
-                ctx.wakeups.wake_at(role, at, now)
 
     def _cancel_late_readers(self) -> None:
         now = time.monotonic()

@@ -1,7 +1,9 @@
-"""Handlers: decode the request, call the service on the right connection, encode the result.
+"""Handlers: decode the request, call the service, encode the result.
 
-Writes go through `Context.write`, which runs them on the writer and, when the request carries
-an `Idempotency-Key`, records or replays the response in the same transaction.
+The service runs each call as one unit of work, idempotency included: a handler gives it the
+request's `Idem` (when the request has an Idempotency-Key), whose `record` is `answer` below,
+so a recorded answer is exactly what the first response sent. `answer` is also the one place
+that turns what a write did (`Kind`) into a status.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import msgspec
 
 from nulltickets import otlp
 from nulltickets.domain import commands as cmd
-from nulltickets.domain.model import ClaimResult, LeaseRow
 from nulltickets.domain.tokens import lease_token_hash, same_token
 from nulltickets.errors import (
     InvalidJson,
@@ -28,9 +29,7 @@ from nulltickets.errors import (
 )
 from nulltickets.http.request import Request
 from nulltickets.http.wakeups import Wakeups
-from nulltickets.service import RESERVED_NAMESPACE, Reply, Tracker, now_ms
-from nulltickets.storage.backend import Backend
-from nulltickets.storage.sqlite.database import Database
+from nulltickets.service import RESERVED_NAMESPACE, Idem, Kind, Outcome, Recorded, Service
 
 T = TypeVar("T")
 
@@ -98,78 +97,86 @@ def decode_later(kind: type[T], body: bytes) -> Callable[[], T]:
 
 @dataclass
 class Context:
-    db: Database
-    tracker: Tracker
+    service: Service
     admin_token: str | None
     wakeups: Wakeups = field(default_factory=Wakeups)
 
-    async def read(self, job: Callable[[Backend], T]) -> T:
-        return await self.db.read(job)
 
-    async def write(
-        self,
-        req: Request,
-        execute: Callable[[Backend, int], Reply],
-        *,
-        auth_hash: bytes | None = None,
-        redact: Callable[[bytes], bytes] | None = None,
-        revive: Callable[[Backend, bytes], bytes] | None = None,
-    ) -> Reply:
-        key = req.header("idempotency-key")
-        tracker = self.tracker
+Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)
 
-        def job(b: Backend) -> Reply:
-            now = now_ms()
-            if key is None:
-                return execute(b, now)
-            return tracker.idempotent(
-                b,
-                key=key,
-                method=req.method,
-                path=req.path,
-                request_hash=req.body_hash(),
-                auth_hash=auth_hash,
-                execute=lambda: execute(b, now),
-                now=now,
-                redact=redact,
-                revive=(lambda body: revive(b, body)) if revive is not None else None,
-            )
+STATUS = {Kind.CREATED: 201, Kind.OK: 200, Kind.EMPTY: 204}
+NO_CONTENT = Reply(204, b"")
 
-        return await self.db.write(job)
+
+def answer(outcome: Outcome[Any]) -> Reply:
+    """The response to a write's outcome, and the answer its idempotency record keeps."""
+    if outcome.kind is Kind.EMPTY:
+        return NO_CONTENT
+    return Reply(STATUS[outcome.kind], encode(outcome.value))
+
+
+def respond(result: Outcome[Any] | Recorded) -> Reply:
+    return result if isinstance(result, Recorded) else answer(result)
+
+
+def respond_with(body: Callable[[Any], Any]) -> Callable[[Outcome[Any] | Recorded], Reply]:
+    """`respond`, with the outcome's value wrapped in the route's body first."""
+
+    def wrapped(result: Outcome[Any] | Recorded) -> Reply:
+        if isinstance(result, Recorded):
+            return result
+        return answer(Outcome(result.kind, body(result.value)))
+
+    return wrapped
+
+
+def idem(req: Request, auth_hash: bytes | None = None, body: Any = None) -> Idem | None:
+    """The request's identity for idempotent replay, if it carries an Idempotency-Key.
+    `body` wraps the outcome's value as the route's response does."""
+    key = req.header("idempotency-key")
+    if key is None:
+        return None
+    record = answer if body is None else _wrapping(body)
+    return Idem(key, req.method, req.path, req.body_hash(), auth_hash, record)
+
+
+def _wrapping(body: Callable[[Any], Any]) -> Callable[[Outcome[Any]], Reply]:
+    return lambda outcome: answer(Outcome(outcome.kind, body(outcome.value)))
 
 
 def ok(status: int, value: Any) -> Reply:
     return Reply(status, encode(value))
 
 
-NO_CONTENT = Reply(204, b"")
+def _page(items: list[Any], cursor: str | None) -> dict[str, Any]:
+    return {"items": items, "next_cursor": cursor}
 
 
 # --- health ------------------------------------------------------------------------------------
 
 
 async def health(ctx: Context, req: Request) -> Reply:
-    now = now_ms()
-    return ok(200, await ctx.read(lambda b: ctx.tracker.health(b, now)))
+    return ok(200, await ctx.service.health())
 
 
 # --- pipelines ---------------------------------------------------------------------------------
 
+_id = IdBody
+_ids = IdsBody
+
 
 async def create_pipeline(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.CreatePipeline, req.body)
-    return await ctx.write(
-        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_pipeline(b, command, now)))
-    )
+    result = await ctx.service.create_pipeline(command, idem(req, body=_id))
+    return respond_with(_id)(result)
 
 
 async def list_pipelines(ctx: Context, req: Request) -> Reply:
-    return ok(200, await ctx.read(ctx.tracker.list_pipelines))
+    return ok(200, await ctx.service.list_pipelines())
 
 
 async def get_pipeline(ctx: Context, req: Request) -> Reply:
-    pipeline_id = req.params["id"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.get_pipeline(b, pipeline_id)))
+    return ok(200, await ctx.service.get_pipeline(req.params["id"]))
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -177,195 +184,154 @@ async def get_pipeline(ctx: Context, req: Request) -> Reply:
 
 async def create_task(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.CreateTask, req.body)
-    return await ctx.write(
-        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_task(b, command, now)))
-    )
+    return respond_with(_id)(await ctx.service.create_task(command, idem(req, body=_id)))
 
 
 async def create_tasks(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.CreateTasks, req.body)
     if not command.tasks:
         raise InvalidRequest("tasks must not be empty")
-    return await ctx.write(
-        req, lambda b, now: ok(201, IdsBody(ctx.tracker.create_tasks(b, command.tasks, now)))
-    )
+    return respond_with(_ids)(await ctx.service.create_tasks(command.tasks, idem(req, body=_ids)))
 
 
 async def list_tasks(ctx: Context, req: Request) -> Reply:
     limit = req.limit(50)
     after = req.composite_cursor()
-    stage, pipeline_id = req.query.get("stage"), req.query.get("pipeline_id")
-    role = req.query.get("role")
-    items, cursor = await ctx.read(
-        lambda b: ctx.tracker.list_tasks(
-            b, stage=stage, pipeline_id=pipeline_id, after=after, limit=limit, agent_role=role
-        )
+    q = req.query
+    items, cursor = await ctx.service.list_tasks(
+        stage=q.get("stage"),
+        pipeline_id=q.get("pipeline_id"),
+        after=after,
+        limit=limit,
+        agent_role=q.get("role"),
     )
-    return ok(200, {"items": items, "next_cursor": cursor})
+    return ok(200, _page(items, cursor))
 
 
 async def get_task(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.get_task(b, task_id)))
+    return ok(200, await ctx.service.get_task(req.params["id"]))
 
 
 async def requeue_task(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
     # The body is optional: without one the task is requeued where it failed.
     command = decode(cmd.RequeueTask, req.body) if req.body.strip() else cmd.RequeueTask()
-    return await ctx.write(
-        req, lambda b, now: ok(200, ctx.tracker.requeue(b, task_id, command, now))
-    )
+    return respond(await ctx.service.requeue(req.params["id"], command, idem(req)))
 
 
 async def cancel_task(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
     command = decode(cmd.CancelTask, req.body) if req.body.strip() else cmd.CancelTask()
-    return await ctx.write(
-        req, lambda b, now: ok(200, ctx.tracker.cancel(b, task_id, command, now))
-    )
+    return respond(await ctx.service.cancel(req.params["id"], command, idem(req)))
 
 
 async def list_task_events(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
     limit = req.limit(100)
     after = req.event_cursor()
-    items, cursor = await ctx.read(lambda b: ctx.tracker.list_task_events(b, task_id, after, limit))
-    return ok(200, {"items": items, "next_cursor": cursor})
+    items, cursor = await ctx.service.list_task_events(req.params["id"], after, limit)
+    return ok(200, _page(items, cursor))
 
 
 async def run_state(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
-    return ok(200, RunStateBody(await ctx.read(lambda b: ctx.tracker.run_state(b, task_id))))
+    return ok(200, RunStateBody(await ctx.service.run_state(req.params["id"])))
+
+
+def _created(_: None) -> StatusBody:
+    return StatusBody("created")
+
+
+def _assigned(_: None) -> StatusBody:
+    return StatusBody("assigned")
+
+
+def _unassigned(_: None) -> StatusBody:
+    return StatusBody("unassigned")
+
+
+def _failed(_: None) -> StatusBody:
+    return StatusBody("failed")
 
 
 async def add_dependency(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
     command = decode(cmd.AddDependency, req.body)
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.add_dependency(b, task_id, command.depends_on_task_id, now)
-        return ok(201, StatusBody("created"))
-
-    return await ctx.write(req, execute)
+    result = await ctx.service.add_dependency(
+        req.params["id"], command.depends_on_task_id, idem(req, body=_created)
+    )
+    return respond_with(_created)(result)
 
 
 async def list_dependencies(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.list_dependencies(b, task_id)))
+    return ok(200, await ctx.service.list_dependencies(req.params["id"]))
 
 
 async def assign(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
     command = decode(cmd.Assign, req.body)
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.assign(b, task_id, command, now)
-        return ok(201, StatusBody("assigned"))
-
-    return await ctx.write(req, execute)
+    result = await ctx.service.assign(req.params["id"], command, idem(req, body=_assigned))
+    return respond_with(_assigned)(result)
 
 
 async def list_assignments(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.list_assignments(b, task_id)))
+    return ok(200, await ctx.service.list_assignments(req.params["id"]))
 
 
 async def unassign(ctx: Context, req: Request) -> Reply:
     task_id, agent_id = req.params["id"], req.params["agent_id"]
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.unassign(b, task_id, agent_id, now)
-        return ok(200, StatusBody("unassigned"))
-
-    return await ctx.write(req, execute)
+    result = await ctx.service.unassign(task_id, agent_id, idem(req, body=_unassigned))
+    return respond_with(_unassigned)(result)
 
 
 # --- leases and runs ---------------------------------------------------------------------------
-
-_REDACTED_TOKEN = ""
 
 
 async def claim(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.Claim, req.body)
     wait_ms = max(0, min(command.wait_ms or 0, cmd.MAX_WAIT_MS))
-
-    def execute(b: Backend, now: int) -> Reply:
-        result = ctx.tracker.claim(b, command, now)
-        return NO_CONTENT if result is None else ok(200, result)
-
-    def redact(body: bytes) -> bytes:
-        # Lease tokens are never stored in clear, not even in the idempotency record.
-        result = msgspec.json.decode(body, type=ClaimResult)
-        result.lease_token = _REDACTED_TOKEN
-        return encode(result)
-
-    def revive(b: Backend, body: bytes) -> bytes:
-        result = msgspec.json.decode(body, type=ClaimResult)
-        result.lease_token = ctx.tracker.rotate_claim_token(b, result.lease_id)
-        return encode(result)
-
+    service = ctx.service
     if not wait_ms:
-        return await ctx.write(req, execute, redact=redact, revive=revive)
+        return respond(await service.claim(command, idem(req)))
     # Long poll: try, and while nothing is claimable wait for a wake-up of this role.
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     role = command.agent_role
-    ctx.tracker.long_polls += 1  # from before the first attempt: see Tracker.long_polls
-    try:
+    with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
         while True:
             generation = ctx.wakeups.generation(role)
-            reply = await ctx.write(req, execute, redact=redact, revive=revive)
+            reply = respond(await service.claim(command, idem(req)))
             remaining = deadline - loop.time()
             if reply.status != 204 or remaining <= 0 or ctx.wakeups.closing:
                 return reply
             connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
             if not connected:  # nobody would receive a lease claimed now
                 return reply
-    finally:
-        ctx.tracker.long_polls -= 1
 
 
 def _lease_hash(req: Request) -> bytes:
     return lease_token_hash(req.require_bearer())
 
 
-def _fence(command: Callable[[], Any]) -> int | None:
-    """The expected_fence of a body decoded later (None if absent or the body is bad)."""
-    try:
-        fence: int | None = command().expected_fence
-    except InvalidJson:
-        return None
-    return fence
+def _expires(expires_at_ms: int) -> ExpiresBody:
+    return ExpiresBody(expires_at_ms)
+
+
+def _event_id(event_id: int) -> EventIdBody:
+    return EventIdBody(event_id)
 
 
 async def heartbeat(ctx: Context, req: Request) -> Reply:
-    lease_id = req.params["id"]
     token_hash = _lease_hash(req)
     # The body is optional; when present it may ask for a new TTL.
     command = decode_later(cmd.Heartbeat, req.body) if req.body.strip() else cmd.Heartbeat
-
-    def execute(b: Backend, now: int) -> Reply:
-        expires = ctx.tracker.heartbeat(b, lease_id, token_hash, command(), now)
-        return ok(200, ExpiresBody(expires))
-
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    result = await ctx.service.heartbeat(
+        req.params["id"], token_hash, command, idem(req, token_hash, _expires)
+    )
+    return respond_with(_expires)(result)
 
 
 async def append_event(ctx: Context, req: Request) -> Reply:
-    run_id = req.params["id"]
     token_hash = _lease_hash(req)
     command = decode_later(cmd.AppendEvent, req.body)
-
-    def execute(b: Backend, now: int) -> Reply:
-        try:
-            event = command()
-        except InvalidJson:  # the lease's errors come before the body's
-            ctx.tracker.check_run_lease(b, run_id, token_hash, now)
-            raise
-        return ok(201, EventIdBody(ctx.tracker.append_event(b, run_id, token_hash, event, now)))
-
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    result = await ctx.service.append_event(
+        req.params["id"], token_hash, command, idem(req, token_hash, _event_id)
+    )
+    return respond_with(_event_id)(result)
 
 
 async def list_events(ctx: Context, req: Request) -> Reply:
@@ -375,78 +341,58 @@ async def list_events(ctx: Context, req: Request) -> Reply:
         # lease. Anything else is 401, whatever the reason the lease does not match.
         token = req.require_bearer()
         if not same_token(token, ctx.admin_token):
-            token_hash = lease_token_hash(token)
-            now = now_ms()
             try:
-                await ctx.read(lambda b: ctx.tracker.check_run_lease(b, run_id, token_hash, now))
+                await ctx.service.check_run_lease(run_id, lease_token_hash(token))
             except (NotFound, LeaseExpired, TaskCancelled) as exc:
                 raise Unauthorized("needs the admin token or this run's lease token") from exc
     limit = req.limit(100)
     after = req.event_cursor()
-    items, cursor = await ctx.read(lambda b: ctx.tracker.list_events(b, run_id, after, limit))
-    return ok(200, {"items": items, "next_cursor": cursor})
-
-
-async def _under_run_lease(
-    ctx: Context,
-    req: Request,
-    command: Callable[[], T],
-    act: Callable[[Backend, LeaseRow, T, int], Reply],
-) -> Reply:
-    """A write on /runs/{id}/...: the run's lease (and any expected_fence) is checked first,
-    then `act` runs with the lease and the body, which is only then required to be valid."""
-    run_id = req.params["id"]
-    token_hash = _lease_hash(req)
-
-    def execute(b: Backend, now: int) -> Reply:
-        lease = ctx.tracker.check_run_lease(b, run_id, token_hash, now, _fence(command))
-        return act(b, lease, command(), now)
-
-    return await ctx.write(req, execute, auth_hash=token_hash)
+    items, cursor = await ctx.service.list_events(run_id, after, limit)
+    return ok(200, _page(items, cursor))
 
 
 async def transition(ctx: Context, req: Request) -> Reply:
-    def act(b: Backend, lease: LeaseRow, move: cmd.MoveTask, now: int) -> Reply:
-        return ok(200, ctx.tracker.transition(b, lease, move, now))
-
-    return await _under_run_lease(ctx, req, decode_later(cmd.MoveTask, req.body), act)
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.MoveTask, req.body)
+    result = await ctx.service.transition(
+        req.params["id"], token_hash, command, idem(req, token_hash)
+    )
+    return respond(result)
 
 
 async def fail(ctx: Context, req: Request) -> Reply:
-    def act(b: Backend, lease: LeaseRow, failure: cmd.FailRun, now: int) -> Reply:
-        ctx.tracker.fail(b, lease, failure, now)
-        return ok(200, StatusBody("failed"))
-
-    return await _under_run_lease(ctx, req, decode_later(cmd.FailRun, req.body), act)
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.FailRun, req.body)
+    result = await ctx.service.fail(
+        req.params["id"], token_hash, command, idem(req, token_hash, _failed)
+    )
+    return respond_with(_failed)(result)
 
 
 async def write_checkpoint(ctx: Context, req: Request) -> Reply:
-    def act(b: Backend, lease: LeaseRow, patch: cmd.WriteCheckpoint, now: int) -> Reply:
-        return ok(200, ctx.tracker.checkpoint(b, lease, patch, now))
-
-    return await _under_run_lease(ctx, req, decode_later(cmd.WriteCheckpoint, req.body), act)
+    token_hash = _lease_hash(req)
+    command = decode_later(cmd.WriteCheckpoint, req.body)
+    result = await ctx.service.checkpoint(
+        req.params["id"], token_hash, command, idem(req, token_hash)
+    )
+    return respond(result)
 
 
 async def release(ctx: Context, req: Request) -> Reply:
-    def act(b: Backend, lease: LeaseRow, reason: cmd.ReleaseRun, now: int) -> Reply:
-        return ok(200, ctx.tracker.release(b, lease, reason, now))
-
+    token_hash = _lease_hash(req)
     # The body is optional: a reason and an expected_fence.
     command = decode_later(cmd.ReleaseRun, req.body) if req.body.strip() else cmd.ReleaseRun
-    return await _under_run_lease(ctx, req, command, act)
+    result = await ctx.service.release(req.params["id"], token_hash, command, idem(req, token_hash))
+    return respond(result)
 
 
 async def release_agent(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.ReleaseAgent, req.body)
-    return await ctx.write(
-        req,
-        lambda b, now: ok(200, ctx.tracker.release_agent(b, command.agent_id, command.reason, now)),
-    )
+    return respond(await ctx.service.release_agent(command.agent_id, command.reason, idem(req)))
 
 
 async def get_checkpoint(ctx: Context, req: Request) -> Reply:
-    task_id = req.params["id"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.get_checkpoint(b, task_id)))
+    return ok(200, await ctx.service.get_checkpoint(req.params["id"]))
 
 
 # --- artifacts ---------------------------------------------------------------------------------
@@ -454,21 +400,16 @@ async def get_checkpoint(ctx: Context, req: Request) -> Reply:
 
 async def create_artifact(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.CreateArtifact, req.body)
-    return await ctx.write(
-        req, lambda b, now: ok(201, IdBody(ctx.tracker.create_artifact(b, command, now)))
-    )
+    return respond_with(_id)(await ctx.service.create_artifact(command, idem(req, body=_id)))
 
 
 async def list_artifacts(ctx: Context, req: Request) -> Reply:
     limit = req.limit(100)
     after = req.composite_cursor()
-    task_id, run_id = req.query.get("task_id"), req.query.get("run_id")
-    items, cursor = await ctx.read(
-        lambda b: ctx.tracker.list_artifacts(
-            b, task_id=task_id, run_id=run_id, after=after, limit=limit
-        )
+    items, cursor = await ctx.service.list_artifacts(
+        task_id=req.query.get("task_id"), run_id=req.query.get("run_id"), after=after, limit=limit
     )
-    return ok(200, {"items": items, "next_cursor": cursor})
+    return ok(200, _page(items, cursor))
 
 
 def check_admin(ctx: Context, req: Request) -> None:
@@ -491,57 +432,37 @@ async def put_value(ctx: Context, req: Request) -> Reply:
     if namespace == RESERVED_NAMESPACE:
         raise ReservedNamespace('the namespace "search" is reserved')
     command = decode(cmd.PutValue, req.body)
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.put_value(b, namespace, key, command, now)
-        return NO_CONTENT
-
-    return await ctx.write(req, execute)
+    return respond(await ctx.service.put_value(namespace, key, command, idem(req)))
 
 
 async def get_value(ctx: Context, req: Request) -> Reply:
     namespace, key = req.params["namespace"], req.params["key"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.get_value(b, namespace, key)))
+    return ok(200, await ctx.service.get_value(namespace, key))
 
 
 async def delete_value(ctx: Context, req: Request) -> Reply:
     namespace, key = req.params["namespace"], req.params["key"]
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.delete_value(b, namespace, key)
-        return NO_CONTENT
-
-    return await ctx.write(req, execute)
+    return respond(await ctx.service.delete_value(namespace, key, idem(req)))
 
 
 async def list_namespace(ctx: Context, req: Request) -> Reply:
-    namespace = req.params["namespace"]
-    return ok(200, await ctx.read(lambda b: ctx.tracker.list_namespace(b, namespace)))
+    return ok(200, await ctx.service.list_namespace(req.params["namespace"]))
 
 
 async def delete_namespace(ctx: Context, req: Request) -> Reply:
-    namespace = req.params["namespace"]
-
-    def execute(b: Backend, now: int) -> Reply:
-        ctx.tracker.delete_namespace(b, namespace)
-        return NO_CONTENT
-
-    return await ctx.write(req, execute)
+    return respond(await ctx.service.delete_namespace(req.params["namespace"], idem(req)))
 
 
 async def search_store(ctx: Context, req: Request) -> Reply:
     q = req.query
     text = q.get("q")
     limit = req.search_limit() if text is not None and text.strip() else 10
-    hits = await ctx.read(
-        lambda b: ctx.tracker.search(
-            b,
-            text=text,
-            namespace=q.get("namespace"),
-            filter_path=q.get("filter_path"),
-            filter_value=q.get("filter_value"),
-            limit=limit,
-        )
+    hits = await ctx.service.search(
+        text=text,
+        namespace=q.get("namespace"),
+        filter_path=q.get("filter_path"),
+        filter_value=q.get("filter_value"),
+        limit=limit,
     )
     return ok(200, hits)
 
@@ -552,10 +473,7 @@ async def search_store(ctx: Context, req: Request) -> Reply:
 async def queue_report(ctx: Context, req: Request) -> Reply:
     near_expiry_ms = req.int_param("near_expiry_ms", 60_000)
     stuck_ms = req.int_param("stuck_ms", 300_000)
-    now = now_ms()
-    return ok(
-        200, await ctx.read(lambda b: ctx.tracker.queue_report(b, now, near_expiry_ms, stuck_ms))
-    )
+    return ok(200, await ctx.service.queue_report(near_expiry_ms, stuck_ms))
 
 
 # --- traces ------------------------------------------------------------------------------------
@@ -573,15 +491,11 @@ async def ingest_traces(ctx: Context, req: Request) -> Reply:
             spans = None  # kept raw, as the original keeps every protobuf payload
     else:
         spans = None
-    body = req.body
-    return await ctx.write(
-        req, lambda b, now: ok(200, ctx.tracker.ingest_traces(b, content_type, spans, body, now))
-    )
+    return respond(await ctx.service.ingest_traces(content_type, spans, req.body, idem(req)))
 
 
 async def list_spans(ctx: Context, req: Request) -> Reply:
-    run_id = req.params["id"]
     limit = req.limit(100)
     after = req.event_cursor()
-    items, cursor = await ctx.read(lambda b: ctx.tracker.list_spans(b, run_id, after, limit))
-    return ok(200, {"items": items, "next_cursor": cursor})
+    items, cursor = await ctx.service.list_spans(req.params["id"], after, limit)
+    return ok(200, _page(items, cursor))

@@ -17,9 +17,8 @@ from nulltickets.domain import commands as cmd
 from nulltickets.domain import model
 from nulltickets.http import handlers as h
 from nulltickets.http.request import Request
-from nulltickets.service import Reply
 
-Handler = Callable[[h.Context, Request], Awaitable[Reply]]
+Handler = Callable[[h.Context, Request], Awaitable[h.Reply]]
 
 
 class Auth(StrEnum):

@@ -1,7 +1,8 @@
 """Long-poll claims wait here for a sign that their role may have work.
 
-Writes leave (role, at) signals on the tracker; after each commit the server turns them into
-wake-ups, immediately or at `at` (a retry delay running out). A waiter remembers its role's
+The database's Notifier (storage.ports) calls `deliver(role, at_ms)` for each committed
+notification, on the server's loop; it becomes a wake-up, immediately or at `at_ms` (a retry
+delay running out). A waiter remembers its role's
 generation before it last tried to claim, so a wake-up between that attempt and the wait is
 never lost. Waiting costs a future and a timer: no queries, no polling.
 """
@@ -12,9 +13,12 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+from nulltickets.domain.clock import Clock, wall_ms
+
 
 class Wakeups:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = wall_ms) -> None:
+        self._clock = clock
         self._generation: dict[str, int] = defaultdict(int)
         self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
         self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
@@ -25,6 +29,16 @@ class Wakeups:
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
+
+    def deliver(self, role: str, at_ms: int) -> None:
+        """A notification: `role` may have claimable work at `at_ms` (0: now)."""
+        if self.closing:
+            return
+        now = self._clock()
+        if at_ms <= now:
+            self.wake(role)
+        else:
+            self.wake_at(role, at_ms, now)
 
     def wake(self, role: str) -> None:
         self._generation[role] += 1

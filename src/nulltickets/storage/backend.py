@@ -1,15 +1,20 @@
-"""Backend: the only storage interface the service sees.
+"""Backend: the statements of one unit of work, as the service sees them.
 
-Each method runs one named query (or a few, for the paging variants) on the connection the
-backend wraps, inside whatever transaction the caller holds: the writer's batch for writes, a
-reader's snapshot for reads. Methods return domain types and raise our exceptions
-(StorageBusy, StorageFull, StorageQueryError), never driver ones. `SqliteBackend` is the
-implementation; a PostgreSQL one would keep these names.
+Each method runs one named query (or a few, for the paging variants) inside the transaction
+of the unit of work it was given to (storage.ports.Database.write/read). Methods are named
+after their queries, take and return domain types, and raise our exceptions (StorageBusy,
+StorageFull, StorageQueryError, DuplicateName, ...), never driver ones. Nothing here is a
+dialect's: lists are lists (each backend encodes them for its SQL), search takes the user's
+terms (each backend builds its own full-text query), and a uniqueness the data guarantees is
+reported as the contract's error code.
+
+Implementations: storage/sqlite/backend.py (SqliteBackend), storage/postgres (in progress).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from nulltickets.domain.model import (
     Artifact,
@@ -22,6 +27,7 @@ from nulltickets.domain.model import (
     Run,
     SearchHit,
     Span,
+    SpanRow,
     StageCount,
     StoreEntry,
     Task,
@@ -30,9 +36,9 @@ from nulltickets.domain.model import (
 
 
 class Backend(Protocol):
-    conn: Any  # the driver connection (for bulk loads in tools and benchmarks)
-
-    def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None: ...
+    def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
+        """Raises DuplicateName if a pipeline of that name exists (a constraint of the data)."""
+        ...
 
     def insert_pipeline_stage(
         self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
@@ -44,9 +50,32 @@ class Backend(Protocol):
 
     def list_pipelines(self) -> list[Pipeline]: ...
 
-    def insert_task(self, **params: Any) -> None: ...
+    def insert_task(
+        self,
+        *,
+        id: str,
+        pipeline_id: str,
+        stage: str,
+        title: str,
+        description: str,
+        priority: int,
+        metadata_json: str,
+        max_attempts: int | None,
+        retry_delay_ms: int,
+        dead_letter_stage: str | None,
+        idempotency_key: str | None,
+        retry_delay_set: bool,
+        now: int,
+    ) -> bool:
+        """Insert a task; False (nothing inserted) if the pipeline already has a task under
+        this idempotency key (a unique constraint: concurrent creates insert one)."""
+        ...
 
     def get_task(self, id: str) -> Task | None: ...
+
+    def task_details(self, id: str) -> tuple[Task, str | None, int, int | None, str | None] | None:
+        """(task, checkpoint JSON or None, fence, cancelled_at_ms, cancel_reason): one trip."""
+        ...
 
     def task_exists(self, id: str) -> bool: ...
 
@@ -92,7 +121,9 @@ class Backend(Protocol):
 
     def role_stages(self, agent_role: str) -> list[tuple[str, str]]: ...
 
-    def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None: ...
+    def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
+        """Raises DuplicateDependency if the dependency exists (a constraint of the data)."""
+        ...
 
     def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool: ...
 
@@ -118,23 +149,35 @@ class Backend(Protocol):
         self,
         agent_role: str,
         agent_id: str,
-        full_stages_json: str | None,
         now: int,
-        full_pairs_json: str | None = None,
+        full_stages: Sequence[str] = (),
+        full_pairs: Sequence[tuple[str, str]] = (),
     ) -> Task | None:
-        """The best claimable task of the role, skipping full stages (JSON arrays of stage
-        names and of [pipeline, stage] pairs; None when there are none)."""
+        """The best claimable task of the role, skipping the stages in `full_stages` and the
+        (pipeline, stage) pairs in `full_pairs` (their concurrency limits are reached). A
+        backend with concurrent writers locks the row it returns (FOR UPDATE SKIP LOCKED)."""
         ...
 
     def insert_run(
         self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
     ) -> int:
-        """Insert a running run under `lease_id`; returns its attempt number."""
+        """Insert a running run under `lease_id`; returns its attempt number. At most one run
+        of a task is running (a unique constraint): a second raises StorageBusy (the claim
+        lost a race and may simply be tried again)."""
         ...
 
-    def insert_lease(self, **params: Any) -> None: ...
-
-    def get_run(self, id: str) -> Run | None: ...
+    def insert_lease(
+        self,
+        *,
+        id: str,
+        run_id: str,
+        agent_id: str,
+        token_hash: bytes,
+        expires_at_ms: int,
+        ttl_ms: int,
+        fence: int,
+        now: int,
+    ) -> None: ...
 
     def lease_by_run(self, run_id: str) -> LeaseRow | None: ...
 
@@ -210,7 +253,19 @@ class Backend(Protocol):
 
     def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]: ...
 
-    def insert_artifact(self, **params: Any) -> None: ...
+    def insert_artifact(
+        self,
+        *,
+        id: str,
+        task_id: str | None,
+        run_id: str | None,
+        kind: str,
+        uri: str,
+        sha256: str | None,
+        size_bytes: int | None,
+        meta_json: str,
+        now: int,
+    ) -> None: ...
 
     def run_exists(self, id: str) -> bool: ...
 
@@ -235,12 +290,17 @@ class Backend(Protocol):
 
     def search_store(
         self,
-        query: str,
+        terms: Sequence[str],
         namespace: str | None,
         filter_path: str | None,
         filter_value: str | None,
         limit: int,
-    ) -> list[SearchHit]: ...
+    ) -> list[SearchHit]:
+        """Values matching every one of `terms` (the user's words, none empty: the backend
+        builds its own full-text query, where no term is an operator), best first, each with
+        a score (lower is better) and a snippet marking the matches with [ and ]. A bad
+        `filter_path` raises StorageQueryError."""
+        ...
 
     def role_stage_queue(
         self, now: int, stuck_before: int, near_expiry_before: int
@@ -255,7 +315,7 @@ class Backend(Protocol):
         now: int,
     ) -> int: ...
 
-    def insert_otlp_span(self, batch_id: int, span: dict[str, Any]) -> None: ...
+    def insert_otlp_span(self, batch_id: int, span: SpanRow) -> None: ...
 
     def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]: ...
 
@@ -267,6 +327,17 @@ class Backend(Protocol):
         self, key: str, method: str, path: str
     ) -> tuple[bytes, bytes | None, int, str] | None: ...
 
-    def put_idempotency(self, **params: Any) -> None: ...
+    def put_idempotency(
+        self,
+        *,
+        key: str,
+        method: str,
+        path: str,
+        request_hash: bytes,
+        auth_hash: bytes | None,
+        status: int,
+        body: str,
+        now: int,
+    ) -> None: ...
 
     def purge_idempotency(self, before: int) -> int: ...

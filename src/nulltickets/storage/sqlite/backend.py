@@ -1,15 +1,19 @@
 """SqliteBackend: every storage operation as a method named after its query in queries.sql.
 
 Methods run on whatever connection the backend wraps; transactions belong to the caller
-(the writer's batch, or a reader's snapshot).
+(the writer's batch, or a reader's snapshot). What is SQLite's stays here: lists go to
+json_each as JSON text, search terms become an FTS5 expression, and a constraint the data
+enforces becomes the contract's error (apsw.ConstraintError never leaves this module).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import apsw
+import msgspec
 from msgspec import Raw
 
 from nulltickets.domain.model import (
@@ -23,13 +27,20 @@ from nulltickets.domain.model import (
     Run,
     SearchHit,
     Span,
+    SpanRow,
     StageCount,
     StoreEntry,
     Task,
     TaskEvent,
 )
-from nulltickets.errors import StorageQueryError
+from nulltickets.errors import (
+    DuplicateDependency,
+    DuplicateName,
+    StorageBusy,
+    StorageQueryError,
+)
 from nulltickets.storage.queries import load_queries
+from nulltickets.storage.sqlite.search import fts_query
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
 
@@ -73,6 +84,9 @@ def _task(row: tuple[Any, ...]) -> Task:
     )
 
 
+_encode = msgspec.json.encode
+
+
 def _run(row: tuple[Any, ...]) -> Run:
     return Run(*row)
 
@@ -101,10 +115,11 @@ class SqliteBackend:
     # --- pipelines -----------------------------------------------------------------------------
 
     def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
-        self._exec(
-            "insert_pipeline",
-            {"id": id, "name": name, "definition_json": definition_json, "now": now},
-        )
+        params = {"id": id, "name": name, "definition_json": definition_json, "now": now}
+        try:
+            self._exec("insert_pipeline", params)
+        except apsw.ConstraintError:  # UNIQUE(name)
+            raise DuplicateName(f"a pipeline named {name!r} already exists") from None
 
     def insert_pipeline_stage(
         self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
@@ -131,12 +146,50 @@ class SqliteBackend:
 
     # --- tasks ---------------------------------------------------------------------------------
 
-    def insert_task(self, **params: Any) -> None:
-        self._exec("insert_task", params)
+    def insert_task(
+        self,
+        *,
+        id: str,
+        pipeline_id: str,
+        stage: str,
+        title: str,
+        description: str,
+        priority: int,
+        metadata_json: str,
+        max_attempts: int | None,
+        retry_delay_ms: int,
+        dead_letter_stage: str | None,
+        idempotency_key: str | None,
+        retry_delay_set: bool,
+        now: int,
+    ) -> bool:
+        params = {
+            "id": id,
+            "pipeline_id": pipeline_id,
+            "stage": stage,
+            "title": title,
+            "description": description,
+            "priority": priority,
+            "metadata_json": metadata_json,
+            "max_attempts": max_attempts,
+            "retry_delay_ms": retry_delay_ms,
+            "dead_letter_stage": dead_letter_stage,
+            "idempotency_key": idempotency_key,
+            "retry_delay_set": int(retry_delay_set),
+            "now": now,
+        }
+        # ON CONFLICT DO NOTHING on idx_tasks_idempotency_key (pipeline_id, idempotency_key).
+        return self._exec("insert_task", params) > 0
 
     def get_task(self, id: str) -> Task | None:
         row = self._one("get_task", {"id": id})
         return None if row is None else _task(row)
+
+    def task_details(self, id: str) -> tuple[Task, str | None, int, int | None, str | None] | None:
+        row = self._one("task_details", {"id": id})
+        if row is None:
+            return None
+        return _task(row[:15]), row[15], row[16], row[17], row[18]
 
     def task_exists(self, id: str) -> bool:
         return self._one("task_exists", {"id": id}) is not None
@@ -232,10 +285,11 @@ class SqliteBackend:
     # --- dependencies and assignments ----------------------------------------------------------
 
     def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
-        self._exec(
-            "insert_dependency",
-            {"task_id": task_id, "depends_on_task_id": depends_on_task_id, "now": now},
-        )
+        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id, "now": now}
+        try:
+            self._exec("insert_dependency", params)
+        except apsw.ConstraintError:  # PRIMARY KEY (task_id, depends_on_task_id)
+            raise DuplicateDependency() from None
 
     def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool:
         params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id}
@@ -281,15 +335,16 @@ class SqliteBackend:
         self,
         agent_role: str,
         agent_id: str,
-        full_stages_json: str | None,
         now: int,
-        full_pairs_json: str | None = None,
+        full_stages: Sequence[str] = (),
+        full_pairs: Sequence[tuple[str, str]] = (),
     ) -> Task | None:
+        # json_each reads the lists as JSON text; NULL (no list) skips its work altogether.
         params = {
             "agent_role": agent_role,
             "agent_id": agent_id,
-            "full_stages": full_stages_json,
-            "full_pairs": full_pairs_json,
+            "full_stages": _encode(full_stages).decode() if full_stages else None,
+            "full_pairs": _encode(full_pairs).decode() if full_pairs else None,
             "now": now,
         }
         row = self._one("claim_candidate", params)
@@ -307,14 +362,34 @@ class SqliteBackend:
             "now": now,
             "lease_id": lease_id,
         }
-        return int(self._value("insert_run", params))
+        try:
+            return int(self._value("insert_run", params))
+        except apsw.ConstraintError:  # idx_runs_running: the task has a running run already
+            raise StorageBusy("the task was claimed at the same moment; claim again") from None
 
-    def insert_lease(self, **params: Any) -> None:
+    def insert_lease(
+        self,
+        *,
+        id: str,
+        run_id: str,
+        agent_id: str,
+        token_hash: bytes,
+        expires_at_ms: int,
+        ttl_ms: int,
+        fence: int,
+        now: int,
+    ) -> None:
+        params = {
+            "id": id,
+            "run_id": run_id,
+            "agent_id": agent_id,
+            "token_hash": token_hash,
+            "expires_at_ms": expires_at_ms,
+            "ttl_ms": ttl_ms,
+            "fence": fence,
+            "now": now,
+        }
         self._exec("insert_lease", params)
-
-    def get_run(self, id: str) -> Run | None:
-        row = self._one("get_run", {"id": id})
-        return None if row is None else _run(row)
 
     def lease_by_run(self, run_id: str) -> LeaseRow | None:
         row = self._one("lease_by_run", {"run_id": run_id})
@@ -468,7 +543,30 @@ class SqliteBackend:
 
     # --- artifacts -----------------------------------------------------------------------------
 
-    def insert_artifact(self, **params: Any) -> None:
+    def insert_artifact(
+        self,
+        *,
+        id: str,
+        task_id: str | None,
+        run_id: str | None,
+        kind: str,
+        uri: str,
+        sha256: str | None,
+        size_bytes: int | None,
+        meta_json: str,
+        now: int,
+    ) -> None:
+        params = {
+            "id": id,
+            "task_id": task_id,
+            "run_id": run_id,
+            "kind": kind,
+            "uri": uri,
+            "sha256": sha256,
+            "size_bytes": size_bytes,
+            "meta_json": meta_json,
+            "now": now,
+        }
         self._exec("insert_artifact", params)
 
     def run_exists(self, id: str) -> bool:
@@ -518,14 +616,14 @@ class SqliteBackend:
 
     def search_store(
         self,
-        query: str,
+        terms: Sequence[str],
         namespace: str | None,
         filter_path: str | None,
         filter_value: str | None,
         limit: int,
     ) -> list[SearchHit]:
         params = {
-            "query": query,
+            "query": fts_query(terms),
             "namespace": namespace,
             "filter_path": filter_path,
             "filter_value": filter_value,
@@ -575,8 +673,8 @@ class SqliteBackend:
         )
         return int(self.conn.last_insert_rowid())
 
-    def insert_otlp_span(self, batch_id: int, span: dict[str, Any]) -> None:
-        self._exec("insert_otlp_span", {"batch_id": batch_id, **span})
+    def insert_otlp_span(self, batch_id: int, span: SpanRow) -> None:
+        self._exec("insert_otlp_span", {"batch_id": batch_id, **msgspec.structs.asdict(span)})
 
     def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]:
         rows = self._all("list_run_spans", {"run_id": run_id, "after_id": after_id, "limit": limit})
@@ -619,7 +717,28 @@ class SqliteBackend:
         row = self._one("get_idempotency", {"key": key, "method": method, "path": path})
         return None if row is None else (row[0], row[1], row[2], row[3])
 
-    def put_idempotency(self, **params: Any) -> None:
+    def put_idempotency(
+        self,
+        *,
+        key: str,
+        method: str,
+        path: str,
+        request_hash: bytes,
+        auth_hash: bytes | None,
+        status: int,
+        body: str,
+        now: int,
+    ) -> None:
+        params = {
+            "key": key,
+            "method": method,
+            "path": path,
+            "request_hash": request_hash,
+            "auth_hash": auth_hash,
+            "status": status,
+            "body": body,
+            "now": now,
+        }
         self._exec("put_idempotency", params)
 
     def purge_idempotency(self, before: int) -> int:

@@ -31,10 +31,23 @@ VALUES (
     :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
     0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
     :now, :idempotency_key, :retry_delay_set
-);
+)
+-- A task of the pipeline under the same idempotency key (idx_tasks_idempotency_key) means
+-- the plan was sent again: nothing is inserted, and the caller looks the task up.
+ON CONFLICT DO NOTHING;
 
 -- task_by_idempotency_key --
 SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
+
+-- task_details --
+-- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
+-- and fence, and its cancellation.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms, checkpoint_json, fence, cancelled_at_ms, cancel_reason
+FROM tasks
+WHERE id = :id;
 
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
@@ -321,11 +334,6 @@ INSERT INTO leases (
     id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
 )
 VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
-
--- get_run --
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
-FROM runs
-WHERE id = :id;
 
 -- lease_by_run --
 -- A lease with what the lease-protected writes need of its run and task, in one lookup.
@@ -654,3 +662,8 @@ FROM otlp_spans
 WHERE run_id = :run_id AND id > :after_id
 ORDER BY id
 LIMIT :limit;
+
+-- bulk_insert_task --
+-- Tools and benchmarks only (storage/sqlite/bulk.py): a plain task row, defaults elsewhere.
+INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms, updated_at_ms)
+VALUES (:id, :pipeline_id, :stage, :title, '', :now, :now);

@@ -1,0 +1,111 @@
+"""The ports every storage backend implements: a `Database` (units of work over a `Backend`),
+a `Notifier` (wake-ups of long-polling claims) and the `Capabilities` that say what a backend
+can do. The service sees storage only through these and `storage.backend.Backend`; which
+backend stands behind them is chosen once, by `storage.factory.open_database`.
+
+A unit of work is a job: a function given a `Backend` that runs every statement of one API
+call inside one transaction. `write(job)` returns the job's result only after its transaction
+committed; if the job raises, nothing it wrote stays. A backend may run a job more than once
+(SQLite runs a group commit's jobs again after a neighbour's partial write rolled back;
+PostgreSQL may retry a serialization failure), so a job's effects outside the database go
+through the `Notifier` only, whose deliveries are wake-ups that cause a recheck, never a
+decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from nulltickets.storage.backend import Backend
+
+T = TypeVar("T")
+
+# A wake-up: (agent role, at_ms). at_ms 0 means "now"; later means "when the clock reaches it"
+# (a retry delay running out).
+Wake = Callable[[str, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do, for the layers above to adapt to (never to branch on its name)."""
+
+    name: str  # "sqlite" or "postgresql": for logs and the start-up line
+    # Notifications reach subscribers in other processes (PostgreSQL LISTEN/NOTIFY); without
+    # it, a notification reaches this process's subscribers only.
+    cross_process_notifications: bool
+    # Writes submitted together share one transaction and one commit (SQLite's writer).
+    group_commit: bool
+    # Several `nulltickets serve` processes may share the database and act as one tracker.
+    shared_by_servers: bool
+
+
+class Notifier(Protocol):
+    """Tells long-polling claims that their role may have work.
+
+    The service calls `notify` inside a unit of work; subscribers hear of it after that unit
+    commits, on their event loop. A notification of a unit that rolled back may still be
+    delivered: a wake-up only makes a claim look again, so an extra one costs a query and a
+    missing one would cost a wait. PostgreSQL: `notify` is a `pg_notify` on the unit's own
+    connection (so it is sent at commit), and one LISTEN connection per process calls the
+    subscribers.
+    """
+
+    @property
+    def listening(self) -> bool:
+        """Whether a "work now" notification may have anyone to wake. False only when the
+        backend knows that nobody waits (SQLite: no long-poll in this process), which lets
+        the service skip them and the lookups they need. Notifications for later are always
+        sent."""
+        ...
+
+    def notify(self, b: Backend, role: str, at_ms: int) -> None:
+        """Inside the unit of work `b`: `role` may have claimable work at `at_ms` (0: now)."""
+        ...
+
+    def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Call `callback(role, at_ms)` for every committed notification, on `loop` (default:
+        the running loop; with none, on the thread that committed)."""
+        ...
+
+    def waiting(self) -> AbstractContextManager[None]:
+        """Held by a long-poll claim from before its first attempt until it returns."""
+        ...
+
+
+class Database(Protocol):
+    """One database: units of work, notifications, capabilities."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
+
+    def open(self) -> None:
+        """Check, migrate and connect. Raises StartupError (or a Storage* error) with a
+        message fit for the start-up line."""
+        ...
+
+    def close(self) -> None:
+        """Finish the writes in hand, then release every connection."""
+        ...
+
+    async def read(self, job: Callable[[Backend], T]) -> T:
+        """Run `job` in one read-only transaction (one consistent snapshot)."""
+        ...
+
+    async def write(self, job: Callable[[Backend], T]) -> T:
+        """Run `job` in one read-write transaction; its result once committed."""
+        ...
+
+    def read_sync(self, job: Callable[[Backend], T]) -> T:
+        """`read` from a plain thread (tools, tests)."""
+        ...
+
+    def write_sync(self, job: Callable[[Backend], T]) -> T:
+        """`write` from a plain thread (tools, tests), in a transaction of its own."""
+        ...

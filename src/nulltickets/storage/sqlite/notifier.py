@@ -1,0 +1,68 @@
+"""Notifications inside one process: what the writer's commits tell this process's long-polls.
+
+SQLite has one writer per database file, in this process, so every commit that matters is
+seen here: `notify` collects (role, at_ms) during a batch and the writer's after-commit hook
+hands them to the subscribers. While no claim is long-polling, a "work now" notification has
+nobody to wake (every later claim reads the committed state first) and is dropped at once,
+and `listening` lets the service skip the lookups it would need: measured, that keeps a
+transition at its cost without long-polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from nulltickets.storage.backend import Backend
+from nulltickets.storage.ports import Wake
+
+
+class LocalNotifier:
+    def __init__(self) -> None:
+        self._pending: list[tuple[str, int]] = []
+        self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
+        self._waiting = 0  # long-poll claims in progress
+
+    @property
+    def listening(self) -> bool:
+        return self._waiting > 0 and bool(self._subscribers)
+
+    def notify(self, b: Backend, role: str, at_ms: int) -> None:
+        if not self._subscribers or (at_ms == 0 and not self._waiting):
+            return
+        self._pending.append((role, at_ms))
+
+    def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._subscribers.append((callback, loop))
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+
+    def deliver(self) -> None:
+        """After a commit, on the committing thread: hand the collected notifications over,
+        on each subscriber's loop (directly when that is the loop running here)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        for callback, loop in self._subscribers:
+            if loop is None or loop is here:
+                for role, at_ms in pending:
+                    callback(role, at_ms)
+            elif not loop.is_closed():
+                for role, at_ms in pending:
+                    loop.call_soon_threadsafe(callback, role, at_ms)
