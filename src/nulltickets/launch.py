@@ -81,6 +81,11 @@ def preflight(settings: Settings) -> None:
     """Open, check and migrate the database before serving, so that a bad path, a read-only
     file or an old SQLite is a clear start-up error; the connection is closed before the
     worker starts (SQLite connections must not cross a fork)."""
+    from nulltickets.storage import factory
+
+    if factory.is_postgres(settings.db):  # connect and migrate; the worker opens its own pools
+        factory.open_database(settings.db, durability=settings.durability).close()
+        return
     from nulltickets.storage.sqlite import connection
 
     connection.check_sqlite()
@@ -99,11 +104,12 @@ def serve(settings: Settings) -> None:
     from granian.server import Server
 
     from nulltickets.http.app import load_app
+    from nulltickets.storage.factory import display_name
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
     print(
-        f"{version_line()}: db {settings.db}, auth {auth}, "
+        f"{version_line()}: db {display_name(settings.db)}, auth {auth}, "
         f"listening on http://{settings.host}:{settings.port}",
         file=sys.stderr,
     )

@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from nulltickets.domain.search import fts_query
+from nulltickets.domain.search import search_terms
+from nulltickets.storage.postgres.backend import fts_text
 from tests.conftest import unique
 from tests.postgres.sql import all_rows, run
 
@@ -30,7 +31,7 @@ def search(
     return all_rows(
         conn,
         "search_store",
-        query=fts_query(text),  # the same sanitised text the service hands the SQLite backend
+        query=fts_text(search_terms(text)),  # the text the PostgreSQL backend builds
         namespace=namespace,
         filter_path=filter_path,
         filter_value=filter_value,

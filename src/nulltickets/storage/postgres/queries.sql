@@ -53,6 +53,16 @@ RETURNING id;
 -- task_by_idempotency_key --
 SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
 
+-- task_details --
+-- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
+-- and fence, and its cancellation.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms, checkpoint_json::text, fence, cancelled_at_ms, cancel_reason
+FROM tasks
+WHERE id = :id;
+
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
 SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
@@ -158,6 +168,22 @@ WHERE pipeline_id = :pipeline_id
     AND stage = :stage
     AND (created_at_ms, id) > (:after_created::bigint, :after_id::text)
 ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_role --
+-- Tasks in the stages a role works on (optionally one stage or pipeline): from the role's few
+-- stages to their tasks (idx_tasks_pipeline_stage_page), never through other stages' tasks.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM pipeline_stages AS s
+JOIN tasks AS t ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+WHERE s.agent_role = :agent_role
+    AND (:stage::text IS NULL OR s.stage = :stage::text)
+    AND (:pipeline_id::text IS NULL OR s.pipeline_id = :pipeline_id::text)
+    AND (t.created_at_ms, t.id) > (:after_created::bigint, :after_id::text)
+ORDER BY t.created_at_ms, t.id
 LIMIT :limit;
 
 -- task_run_state --
@@ -330,11 +356,6 @@ INSERT INTO leases (
 )
 VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
 
--- get_run --
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
-FROM runs
-WHERE id = :id;
-
 -- lease_by_run --
 -- A lease with what the lease-protected writes need of its run and task, in one lookup.
 SELECT
@@ -408,8 +429,10 @@ SET stage = :stage,
 WHERE id = :id AND task_version = :task_version;
 
 -- failed_attempts --
--- Failures and lease expiries, over the task's whole life.
-SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+-- Failures and lease expiries, over the task's whole life, less those a requeue wrote off.
+SELECT count(*) - (SELECT failures_forgiven FROM tasks WHERE id = :task_id)
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale');
 
 -- schedule_retry --
 UPDATE tasks
@@ -424,6 +447,75 @@ SET stage = :stage,
     next_eligible_at_ms = :next_eligible_at_ms,
     updated_at_ms = :now
 WHERE id = :id;
+
+-- cancel_task --
+-- Park the task for good: a non-null dead_letter_reason keeps it out of idx_tasks_claim (a
+-- dead-lettered task keeps its reason, so a requeue still knows where it came from).
+UPDATE tasks
+SET dead_letter_reason = coalesce(dead_letter_reason, 'cancelled'),
+    next_eligible_at_ms = :next_eligible_at_ms,
+    cancelled_at_ms = :now,
+    cancel_reason = :reason,
+    updated_at_ms = :now
+WHERE id = :id AND cancelled_at_ms IS NULL;
+
+-- requeue_task --
+-- Claimable now in :stage: no dead-letter or cancellation, no retry delay; with :reset, the
+-- failed attempts so far no longer count against max_attempts.
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    cancelled_at_ms = NULL,
+    cancel_reason = NULL,
+    failures_forgiven = CASE
+        WHEN :reset THEN (
+            SELECT count(*) FROM runs WHERE task_id = :id AND status IN ('failed', 'stale')
+        )
+        ELSE failures_forgiven
+    END,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- task_cancellation --
+SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
+
+-- live_lease_of_task --
+-- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
+SELECT l.id, l.run_id, l.expires_at_ms
+FROM runs AS r
+JOIN leases AS l ON l.run_id = r.id
+WHERE r.task_id = :task_id AND r.status = 'running'
+LIMIT 1;
+
+-- run_status --
+SELECT status FROM runs WHERE id = :id;
+
+-- run_status_of_lease --
+SELECT status FROM runs WHERE lease_id = :lease_id;
+
+-- last_dead_letter --
+-- The data of the task's latest dead_letter event: where a dead-letter policy moved it from.
+SELECT e.data_json
+FROM runs AS r
+JOIN events AS e ON e.run_id = r.id
+WHERE r.task_id = :task_id AND e.kind = 'dead_letter'
+ORDER BY e.id DESC
+LIMIT 1;
+
+-- insert_task_event --
+-- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
+INSERT INTO task_events (task_id, ts_ms, kind, data_json)
+VALUES (:task_id, :now, :kind, :data_json)
+RETURNING id;
+
+-- list_task_events --
+SELECT id, task_id, ts_ms, kind, data_json
+FROM task_events
+WHERE task_id = :task_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
 
 -- insert_artifact --
 INSERT INTO artifacts (
@@ -627,6 +719,15 @@ ORDER BY id
 LIMIT :limit;
 
 -- The PostgreSQL backend's own statements.
+
+-- notify --
+-- The Notifier's wake-ups (notifier.py), sent with the unit of work's COMMIT: one payload of
+-- "role<TAB>at_ms" lines per unit of work.
+SELECT pg_notify('nulltickets_claimable', :payload);
+
+-- listen --
+-- The Notifier's listening connection, one per process (notifier.py).
+LISTEN nulltickets_claimable;
 
 -- lock_idempotency_key --
 -- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
