@@ -84,8 +84,10 @@ def fts_text(terms: Sequence[str]) -> str:
 
 
 class PostgresBackend:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, writing: bool = False) -> None:
         self.conn = conn
+        # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
+        self.writing = writing
         # Wake-ups of this unit of work, sent in one pg_notify just before its COMMIT.
         self.notifications: list[tuple[str, int]] = []
 
@@ -411,11 +413,13 @@ class PostgresBackend:
         self._exec("insert_lease", params)
 
     def lease_by_run(self, run_id: str) -> LeaseRow | None:
-        row = self._one("lease_by_run", {"run_id": run_id})
+        name = "lock_lease_by_run" if self.writing else "lease_by_run"
+        row = self._one(name, {"run_id": run_id})
         return None if row is None else _lease(row)
 
     def lease_by_id(self, id: str) -> LeaseRow | None:
-        row = self._one("lease_by_id", {"id": id})
+        name = "lock_lease_by_id" if self.writing else "lease_by_id"
+        row = self._one(name, {"id": id})
         return None if row is None else _lease(row)
 
     def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None:

@@ -36,6 +36,7 @@ from nulltickets.errors import (
     DuplicateDependency,
     DuplicateName,
     InvalidDependency,
+    InvalidRequest,
     StartupError,
     StorageBusy,
     StorageFull,
@@ -123,6 +124,11 @@ def storage_error(exc: BaseException, conn: psycopg.Connection[Any] | None = Non
         return exc
     if connection_lost(exc, conn):
         return StorageUnavailable(f"PostgreSQL is unavailable: {_first_line(exc)}")
+    if isinstance(exc, psycopg.DataError) and (
+        exc.sqlstate in ("22P05", "22021") or "NUL" in str(exc)
+    ):
+        # PostgreSQL text cannot hold the NUL character (SQLite's can): a clear 400, not a 500.
+        return InvalidRequest("PostgreSQL cannot store the NUL character (\\u0000) in text")
     if isinstance(exc, pg_errors.DiskFull):
         return StorageFull()
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
@@ -265,7 +271,7 @@ class PostgresDatabase:
             conn: psycopg.Connection[Any] | None = None
             try:
                 with pool.connection() as conn:
-                    backend = PostgresBackend(conn)
+                    backend = PostgresBackend(conn, writing=True)
                     try:
                         result = job(backend)
                         backend.send_notifications()

@@ -375,6 +375,31 @@ JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id;
 
+-- lock_lease_by_run --
+-- lease_by_run in a unit of work that writes: the lease row stays locked until it ends, so
+-- lease-protected writes on one lease (on any server) run one after the other, each seeing
+-- what the one before it left, as under SQLite's single writer. One that waited for a
+-- transition or release that deleted the lease finds no lease (404), never a half-ended run.
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.run_id = :run_id
+FOR UPDATE OF l;
+
+-- lock_lease_by_id --
+-- lease_by_id in a unit of work that writes (see lock_lease_by_run).
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.id = :id
+FOR UPDATE OF l;
+
 -- extend_lease --
 UPDATE leases
 SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
@@ -404,6 +429,9 @@ WHERE l.run_id = :run_id
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
 LIMIT 1
+-- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
+-- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
+FOR SHARE OF l
 RETURNING id;
 
 -- list_events --
@@ -563,7 +591,7 @@ DELETE FROM idempotency_keys WHERE created_at_ms < :before;
 
 -- put_value --
 INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
-VALUES (:namespace, :key, :value_json::jsonb, :now, :now)
+VALUES (:namespace, :key, :value_json, :now, :now)
 ON CONFLICT (namespace, key) DO UPDATE
 SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
 
@@ -617,7 +645,7 @@ FROM store_query(:query) AS q (query)
 JOIN store AS s ON s.search @@ q.query
 CROSS JOIN LATERAL (
     SELECT jsonb_path_query_first(
-        s.value_json, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
+        s.value_json::jsonb, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
     ) AS value
 ) AS f
 WHERE (:namespace::text IS NULL OR s.namespace = :namespace::text)
