@@ -2,6 +2,11 @@
 `postgres://` URL is PostgreSQL. The PostgreSQL backend and its driver are imported only
 when asked for, so a SQLite server never loads them and an install without the extra says
 what to install instead of failing at import.
+
+A backend package provides a class implementing storage.ports.Database, constructed as
+`Class(target, durability=..., readers=...)`: `storage.sqlite.database.SqliteDatabase`, and
+`storage.postgres.PostgresDatabase` (which imports psycopg when its package is imported, so
+that a missing driver is reported here).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import importlib
 from urllib.parse import urlsplit, urlunsplit
 
 from nulltickets.errors import StartupError
-from nulltickets.storage.ports import Database
+from nulltickets.storage.ports import Capabilities, Database
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_EXTRA = "pip install 'nulltickets[postgres]'"
@@ -23,19 +28,10 @@ def is_postgres(target: str) -> bool:
     return target.startswith(POSTGRES_SCHEMES)
 
 
-def sqlite_path(target: str) -> str:
-    """The file a SQLite target names: a path as it is, `file:PATH` or `file://PATH`."""
-    if target.startswith("file://"):
-        return target[len("file://") :]
-    if target.startswith("file:"):
-        return target[len("file:") :]
-    return target
-
-
 def display_name(target: str) -> str:
     """The target as logs and the start-up line may show it: without a URL's password."""
     if not is_postgres(target):
-        return sqlite_path(target)
+        return target
     parts = urlsplit(target)
     if parts.password is None:
         return target
@@ -52,7 +48,8 @@ def make_database(target: str, *, durability: str = "full", readers: int = 4) ->
         return _postgres(target, durability=durability, readers=readers)
     from nulltickets.storage.sqlite.database import SqliteDatabase
 
-    return SqliteDatabase(sqlite_path(target), durability=durability, readers=readers)
+    # A path, or a `file:` URI that SQLite opens as such (storage/sqlite/connection.py).
+    return SqliteDatabase(target, durability=durability, readers=readers)
 
 
 def open_database(target: str, *, durability: str = "full", readers: int = 4) -> Database:
@@ -61,6 +58,18 @@ def open_database(target: str, *, durability: str = "full", readers: int = 4) ->
     database = make_database(target, durability=durability, readers=readers)
     database.open()
     return database
+
+
+def check_database(target: str, *, durability: str = "full") -> Capabilities:
+    """Open, check and migrate the database, then close it again: what the launcher runs
+    before serving, so that a bad path, a read-only file, an old SQLite, an unreachable
+    server or a missing driver is a clear start-up error. Nothing stays open (connections
+    must not cross the fork into the worker). Returns what the backend can do."""
+    database = open_database(target, durability=durability, readers=1)
+    try:
+        return database.capabilities
+    finally:
+        database.close()
 
 
 def _postgres(url: str, *, durability: str, readers: int) -> Database:

@@ -98,6 +98,10 @@ class Database(Protocol):
         """Finish the writes in hand, then release every connection."""
         ...
 
+    def schema_version(self) -> tuple[int, int]:
+        """(the database's schema version, the latest migration this build has)."""
+        ...
+
     async def read(self, job: Callable[[Backend], T]) -> T:
         """Run `job` in one read-only transaction (one consistent snapshot)."""
         ...

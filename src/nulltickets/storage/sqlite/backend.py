@@ -134,9 +134,6 @@ class SqliteBackend:
             },
         )
 
-    def pipeline_name_taken(self, name: str) -> bool:
-        return self._one("pipeline_name_taken", {"name": name}) is not None
-
     def get_pipeline(self, id: str) -> Pipeline | None:
         row = self._one("get_pipeline", {"id": id})
         return None if row is None else Pipeline(row[0], row[1], Raw(row[2]), row[3])
@@ -290,10 +287,6 @@ class SqliteBackend:
             self._exec("insert_dependency", params)
         except apsw.ConstraintError:  # PRIMARY KEY (task_id, depends_on_task_id)
             raise DuplicateDependency() from None
-
-    def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool:
-        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id}
-        return self._one("dependency_exists", params) is not None
 
     def list_dependencies(self, task_id: str) -> list[Dependency]:
         rows = self._all("list_dependencies", {"task_id": task_id})

@@ -480,6 +480,14 @@ class SqliteDatabase:
         self.readers.close()
         self.writer.stop()
 
+    def schema_version(self) -> tuple[int, int]:
+        conn = connection.connect_reader(self.path)
+        try:
+            current = int(conn.pragma("user_version"))
+        finally:
+            conn.close()
+        return current, len(connection.migrations())
+
     async def write(self, job: Callable[[SqliteBackend], T]) -> T:
         return await self.writer.run(job)
 

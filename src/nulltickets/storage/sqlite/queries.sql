@@ -8,9 +8,6 @@ VALUES (:id, :name, :definition_json, :now);
 INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
 VALUES (:pipeline_id, :stage, :agent_role, :terminal);
 
--- pipeline_name_taken --
-SELECT 1 FROM pipelines WHERE name = :name;
-
 -- get_pipeline --
 SELECT id, name, definition_json, created_at_ms
 FROM pipelines
@@ -191,10 +188,6 @@ LIMIT 1;
 -- insert_dependency --
 INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
 VALUES (:task_id, :depends_on_task_id, :now);
-
--- dependency_exists --
-SELECT 1 FROM task_dependencies
-WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
 
 -- list_dependencies --
 -- resolved: the upstream task sits in a terminal stage of its own pipeline.

@@ -1,0 +1,95 @@
+"""The backends every contract test runs on.
+
+A backend is a function giving a fresh, empty database target (what `--db` takes) for one
+test. The suite opens it through storage.factory, so it sees only the storage ports. To run
+the suite on another backend, add it to BACKENDS, e.g.
+
+    def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+        return request.getfixturevalue("postgres_server").fresh_database_url()
+
+    BACKENDS["postgresql"] = postgresql
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+
+from nulltickets.domain.clock import FixedClock
+from nulltickets.domain.commands import CreatePipeline
+from nulltickets.service import Outcome, Recorded, Service
+from nulltickets.storage.factory import open_database
+from nulltickets.storage.ports import Database
+from tests.server import PIPELINE
+
+T = TypeVar("T")
+
+
+def sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return str(tmp_path / "contract.db")
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {"sqlite": sqlite}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each backend, as `--db` names it."""
+    return BACKENDS[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def opened(database_url: str) -> Iterator[Callable[[], Database]]:
+    """Open more databases on the same target (more servers on one database); all are closed
+    at the end of the test."""
+    databases: list[Database] = []
+
+    def open_one() -> Database:
+        database = open_database(database_url, durability="normal")
+        databases.append(database)
+        return database
+
+    yield open_one
+    for database in reversed(databases):
+        database.close()
+
+
+@pytest.fixture
+def database(opened: Callable[[], Database]) -> Database:
+    return opened()
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock()
+
+
+@pytest.fixture
+def service(database: Database, clock: FixedClock) -> Service:
+    return Service(database, clock=clock, rand=lambda: 0.5)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+def value(result: Outcome[T] | Recorded) -> T:
+    """The value of a fresh outcome (a test that expects no replay)."""
+    assert isinstance(result, Outcome), result
+    return result.value
+
+
+def record(outcome: Outcome[Any]) -> Recorded:
+    """The answer a caller records: here, like HTTP, a status and the JSON body."""
+    status = {"created": 201, "ok": 200, "empty": 204}[outcome.kind.value]
+    return Recorded(status, msgspec.json.encode(outcome.value))
+
+
+def make_pipeline(service: Service, name: str = "p", definition: Any = None) -> str:
+    raw = msgspec.Raw(msgspec.json.encode(PIPELINE if definition is None else definition))
+    return value(run(service.create_pipeline(CreatePipeline(name, raw))))
