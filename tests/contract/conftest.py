@@ -34,7 +34,16 @@ def sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(tmp_path / "contract.db")
 
 
-BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {"sqlite": sqlite}
+def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database of the session's own PostgreSQL (tests/pgserver.py)."""
+    server = request.getfixturevalue("postgres")
+    return str(server.dsn(server.create_database()))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
+    "sqlite": sqlite,
+    "postgresql": postgresql,
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -77,6 +77,17 @@ def _run(row: Sequence[Any]) -> Run:
     return Run(*row)
 
 
+_decode_any = msgspec.json.Decoder()
+
+
+def compact(text: str | None) -> str | None:
+    """JSONB's text (`{"a": 1, "b": [1, 2]}`) without the spaces, as SQLite's JSON functions
+    write it (`{"a":1,"b":[1,2]}`): a checkpoint reads the same on both backends."""
+    if text is None:
+        return None
+    return _encode(_decode_any.decode(text)).decode()
+
+
 def fts_text(terms: Sequence[str]) -> str:
     """The terms as store_query (migration 0001) reads them: each a quoted phrase, so that no
     term is an operator (the form SQLite's FTS5 query takes too)."""
@@ -211,7 +222,7 @@ class PostgresBackend:
         row = self._one("task_details", {"id": id})
         if row is None:
             return None
-        return _task(row[:15]), row[15], row[16], row[17], row[18]
+        return _task(row[:15]), compact(row[15]), row[16], row[17], row[18]
 
     def task_exists(self, id: str) -> bool:
         return self._one("task_exists", {"id": id}) is not None
@@ -264,7 +275,7 @@ class PostgresBackend:
 
     def task_resume(self, id: str) -> tuple[str | None, int] | None:
         row = self._one("task_resume", {"id": id})
-        return None if row is None else (row[0], row[1])
+        return None if row is None else (compact(row[0]), row[1])
 
     def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]:
         rows = self._all("previous_failures", {"task_id": task_id, "limit": limit})
@@ -276,7 +287,7 @@ class PostgresBackend:
     def bump_fence(self, id: str) -> tuple[int, str | None]:
         row = self._one("bump_fence", {"id": id})
         assert row is not None  # the claimed task exists in this transaction
-        return int(row[0]), row[1]
+        return int(row[0]), compact(row[1])
 
     def task_fence_of_run(self, run_id: str) -> int | None:
         value: int | None = self._value("task_fence_of_run", {"run_id": run_id})
@@ -287,7 +298,7 @@ class PostgresBackend:
         return value
 
     def merge_checkpoint(self, id: str, patch_json: str) -> str:
-        return str(self._value("merge_checkpoint", {"id": id, "patch": patch_json}))
+        return str(compact(self._value("merge_checkpoint", {"id": id, "patch": patch_json})))
 
     def leases_of_agent(self, agent_id: str) -> list[str]:
         return [r[0] for r in self._all("leases_of_agent", {"agent_id": agent_id})]

@@ -44,8 +44,8 @@ from nulltickets.errors import (
     StorageUnavailable,
 )
 from nulltickets.storage.ports import Capabilities
-from nulltickets.storage.postgres.backend import LostRace, PostgresBackend
-from nulltickets.storage.postgres.migrate import migrate
+from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
+from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
 
 log = logging.getLogger("nulltickets.storage")
@@ -240,6 +240,12 @@ class PostgresDatabase:
             if pool is not None:
                 pool.close()
         self._read_pool = self._write_pool = None
+
+    def schema_version(self) -> tuple[int, int]:
+        latest = len(migrations())
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
+            versions = [row[0] for row in c.execute(Q["schema_versions"])]
+        return (max(versions) if versions else 0), latest
 
     # --- units of work -------------------------------------------------------------------------
 
