@@ -167,9 +167,6 @@ class PostgresBackend:
             },
         )
 
-    def pipeline_name_taken(self, name: str) -> bool:
-        return self._one("pipeline_name_taken", {"name": name}) is not None
-
     def get_pipeline(self, id: str) -> Pipeline | None:
         row = self._one("get_pipeline", {"id": id})
         return None if row is None else Pipeline(row[0], row[1], Raw(row[2]), row[3])
@@ -321,10 +318,6 @@ class PostgresBackend:
             self._exec("insert_dependency", params)
         except pg_errors.UniqueViolation:  # task_dependencies_pkey
             raise DuplicateDependency() from None
-
-    def dependency_exists(self, task_id: str, depends_on_task_id: str) -> bool:
-        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id}
-        return self._one("dependency_exists", params) is not None
 
     def list_dependencies(self, task_id: str) -> list[Dependency]:
         rows = self._all("list_dependencies", {"task_id": task_id})

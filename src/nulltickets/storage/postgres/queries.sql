@@ -10,16 +10,13 @@
 
 -- insert_pipeline --
 -- A name already taken fails with a unique violation of pipelines_name_key: the backend
--- reports it as duplicate_name (pipeline_name_taken stays the friendly early check).
+-- reports it as duplicate_name.
 INSERT INTO pipelines (id, name, definition_json, created_at_ms)
 VALUES (:id, :name, :definition_json, :now);
 
 -- insert_pipeline_stage --
 INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
 VALUES (:pipeline_id, :stage, :agent_role, :terminal);
-
--- pipeline_name_taken --
-SELECT 1 FROM pipelines WHERE name = :name;
 
 -- get_pipeline --
 SELECT id, name, definition_json, created_at_ms
@@ -207,10 +204,6 @@ LIMIT 1;
 -- task_dependencies_pkey: the backend reports duplicate_dependency.
 INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
 VALUES (:task_id, :depends_on_task_id, :now);
-
--- dependency_exists --
-SELECT 1 FROM task_dependencies
-WHERE task_id = :task_id AND depends_on_task_id = :depends_on_task_id;
 
 -- list_dependencies --
 -- resolved: the upstream task sits in a terminal stage of its own pipeline.
