@@ -294,7 +294,12 @@ class PostgresDatabase:
                     self.retries += 1
                     time.sleep(self._backoff(races))
                     continue
-                if connection_lost(exc, conn) and not committing and lost < CONNECTION_RETRIES:
+                if (
+                    connection_lost(exc, conn)
+                    and not committing
+                    and lost < CONNECTION_RETRIES
+                    and not isinstance(exc, psycopg_pool.PoolTimeout)  # waited long enough
+                ):
                     # Nothing was committed: the next try runs on a connection that works.
                     lost += 1
                     self.retries += 1
@@ -325,7 +330,11 @@ class PostgresDatabase:
                         if not conn.broken:
                             conn.rollback()  # read-only: nothing to keep, the snapshot ends
             except BaseException as exc:
-                if connection_lost(exc, conn) and lost < CONNECTION_RETRIES:
+                if (
+                    connection_lost(exc, conn)
+                    and lost < CONNECTION_RETRIES
+                    and not isinstance(exc, psycopg_pool.PoolTimeout)
+                ):
                     lost += 1
                     self._check(pool)
                     continue
