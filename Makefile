@@ -61,6 +61,15 @@ soak: install
 		$(PY) -m pytest tests/reliability $(PYTEST_ARGS); status=$$?; \
 	$(PY) scripts/reliability_report.py reliability-results.json RELIABILITY.md && exit $$status
 
+# The long power-cut suite alone (tests/reliability/test_power_cut.py: 50 cuts with full, 20 with
+# normal); its rows replace that suite's in reliability-results.json, the other suites' stay.
+.PHONY: soak-power-cut
+soak-power-cut: install
+	NULLTICKETS_SOAK=1 NULLTICKETS_RELIABILITY_JSON=power-cut-results.json \
+		$(PY) -m pytest tests/reliability/test_power_cut.py $(PYTEST_ARGS); status=$$?; \
+	$(PY) scripts/reliability_report.py --merge power-cut-results.json \
+		reliability-results.json RELIABILITY.md && rm -f power-cut-results.json && exit $$status
+
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 

@@ -16,7 +16,6 @@ from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import CreatePipeline
 from nulltickets.service import Tracker
 from nulltickets.storage.backend import Backend
-from nulltickets.storage.sqlite import bulk
 from nulltickets.storage.sqlite.database import SqliteDatabase
 
 
@@ -31,12 +30,24 @@ def seed_database(db: Path, *, done: int, waiting: int) -> str:
         now = now_ms()
         pipeline = tracker.create_pipeline(b, CreatePipeline("bench", definition), now)
         start = now - 86_400_000
-        rows = [(str(uuid.uuid4()), pipeline, "done", "seeded", start + i) for i in range(done)]
-        rows += [
-            (str(uuid.uuid4()), pipeline, "todo", "seeded", start + done + i)
-            for i in range(waiting)
-        ]
-        bulk.insert_tasks(b, rows)
+        # Through the Backend protocol (any backend), one prepared statement for every row.
+        stages = ["done"] * done + ["todo"] * waiting
+        for i, stage in enumerate(stages):
+            b.insert_task(
+                id=str(uuid.uuid4()),
+                pipeline_id=pipeline,
+                stage=stage,
+                title="seeded",
+                description="",
+                priority=0,
+                metadata_json="{}",
+                max_attempts=None,
+                retry_delay_ms=0,
+                dead_letter_stage=None,
+                idempotency_key=None,
+                retry_delay_set=False,
+                now=start + i,
+            )
         return pipeline
 
     try:

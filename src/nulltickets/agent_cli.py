@@ -15,18 +15,52 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
+from nulltickets import remote, worker
 from nulltickets.client import ApiError, Client
-
-AGENT_COMMANDS = ("worker", "checkpoint", "event", "pause")
-DEFAULT_BASE = "http://127.0.0.1:7700"
+from nulltickets.remote import CommandFailed
 
 
-def _fail(message: str) -> int:
-    print(f"nulltickets: {message}", file=sys.stderr)
-    return 1
+def register(commands: Any) -> None:
+    """Add worker, checkpoint, event and pause to the `nulltickets` subcommands."""
+    p = commands.add_parser(
+        "worker",
+        help="run a command as an agent for each task claimed for a role",
+        description="Claim tasks for ROLE one at a time and run COMMAND for each, with the "
+        "task as JSON on stdin; exit 0 moves the task along, any other exit fails the attempt.",
+    )
+    worker.add_arguments(p)
+    p.set_defaults(func=worker.main_from_args)
+
+    p = commands.add_parser(
+        "checkpoint",
+        help="merge JSON into the current task's checkpoint (inside a worker's command)",
+        description="Merge a JSON object (RFC 7396 merge patch) into the task's checkpoint. "
+        "Run it inside `nulltickets worker`, which sets NULLTICKETS_RUN_ID and the lease.",
+    )
+    p.add_argument("patch", help="a JSON object, or - to read it from stdin")
+    p.set_defaults(func=checkpoint_command)
+
+    p = commands.add_parser(
+        "event",
+        help="append an event to the current run (inside a worker's command)",
+        description="Append an event to the current run. Run it inside `nulltickets worker`.",
+    )
+    p.add_argument("kind", help="the event's kind, e.g. progress")
+    p.add_argument("data", nargs="?", default=None, help="JSON data, or - to read it from stdin")
+    p.set_defaults(func=event_command)
+
+    p = commands.add_parser(
+        "pause",
+        help="release every task an agent holds (a stop hook)",
+        description="Release every task AGENT_ID holds: claimable again at once, not a "
+        "failed attempt (POST /agents/release).",
+    )
+    p.add_argument("--agent-id", required=True, help="the agent whose tasks to release")
+    p.add_argument("--reason", default="agent paused", help="recorded with each release")
+    remote.add_client_options(p)
+    p.set_defaults(func=pause_command)
 
 
 def _json_arg(raw: str) -> Any:
@@ -39,35 +73,32 @@ def _run_env() -> tuple[str, str, int | None, str]:
         run_id = os.environ["NULLTICKETS_RUN_ID"]
         token = os.environ["NULLTICKETS_LEASE_TOKEN"]
     except KeyError as exc:
-        message = f"{exc.args[0]} is not set: run this inside `nulltickets worker`"
-        raise SystemExit(_fail(message)) from None
+        raise CommandFailed(
+            f"{exc.args[0]} is not set: run this inside `nulltickets worker`"
+        ) from None
     fence = os.environ.get("NULLTICKETS_FENCE")
-    return (
-        run_id,
-        token,
-        int(fence) if fence else None,
-        os.environ.get("NULLTICKETS_BASE_URL", DEFAULT_BASE),
-    )
+    try:
+        expected = int(fence) if fence else None
+    except ValueError:
+        raise CommandFailed(f"NULLTICKETS_FENCE must be an integer, got {fence!r}") from None
+    base = os.environ.get(remote.ENV_BASE_URL) or remote.DEFAULT_BASE
+    remote.check_base(base, remote.ENV_BASE_URL)
+    return run_id, token, expected, base
 
 
-def checkpoint_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="nulltickets checkpoint", description="Merge a JSON object into the task's checkpoint."
-    )
-    p.add_argument("patch", help="a JSON object (RFC 7396 merge patch), or - for stdin")
-    args = p.parse_args(argv)
+def checkpoint_command(args: argparse.Namespace) -> int:
     try:
         patch = _json_arg(args.patch)
     except ValueError as exc:
-        return _fail(f"checkpoint must be JSON: {exc}")
+        raise CommandFailed(f"checkpoint must be JSON: {exc}") from None
     if not isinstance(patch, dict):
-        return _fail("checkpoint must be a JSON object")
+        raise CommandFailed("checkpoint must be a JSON object")
     run_id, token, fence, base = _run_env()
-    with Client(base, os.environ.get("NULLTICKETS_TOKEN")) as api:
+    with Client(base, os.environ.get(remote.ENV_TOKEN)) as api:
         try:
             result = api.checkpoint(run_id, token, patch, expected_fence=fence)
         except (ApiError, OSError) as exc:
-            return _fail(f"checkpoint not written: {exc}")
+            raise CommandFailed(f"checkpoint not written: {exc}") from None
     merged = bytes(result.checkpoint).decode()
     path = os.environ.get("NULLTICKETS_CHECKPOINT_FILE")
     if path:
@@ -77,92 +108,27 @@ def checkpoint_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def event_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="nulltickets event", description="Append an event to the current run."
-    )
-    p.add_argument("kind")
-    p.add_argument("data", nargs="?", default=None, help="JSON data, or - for stdin")
-    args = p.parse_args(argv)
+def event_command(args: argparse.Namespace) -> int:
     try:
         data = _json_arg(args.data) if args.data is not None else None
     except ValueError as exc:
-        return _fail(f"event data must be JSON: {exc}")
+        raise CommandFailed(f"event data must be JSON: {exc}") from None
     run_id, token, fence, base = _run_env()
-    with Client(base, os.environ.get("NULLTICKETS_TOKEN")) as api:
+    with Client(base, os.environ.get(remote.ENV_TOKEN)) as api:
         try:
             event_id = api.event(run_id, token, args.kind, data, expected_fence=fence)
         except (ApiError, OSError) as exc:
-            return _fail(f"event not written: {exc}")
+            raise CommandFailed(f"event not written: {exc}") from None
     print(event_id)
     return 0
 
 
-def pause_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="nulltickets pause", description="Release every task an agent holds."
-    )
-    p.add_argument("--agent-id", required=True)
-    p.add_argument("--base", default=os.environ.get("NULLTICKETS_BASE_URL", DEFAULT_BASE))
-    p.add_argument("--token", default=os.environ.get("NULLTICKETS_TOKEN"))
-    p.add_argument("--reason", default="agent paused")
-    args = p.parse_args(argv)
-    with Client(args.base, args.token) as api:
-        try:
-            result = api.release_agent(args.agent_id, args.reason)
-        except (ApiError, OSError) as exc:
-            return _fail(f"pause failed: {exc}")
+def pause_command(args: argparse.Namespace) -> int:
+    if not args.agent_id.strip():
+        raise CommandFailed("--agent-id must not be empty")
+    with remote.connect(args) as api:
+        result = api.release_agent(args.agent_id, args.reason)
     print(
         json.dumps({"agent_id": result.agent_id, "released": [r.task_id for r in result.released]})
     )
     return 0
-
-
-def worker_main(argv: Sequence[str]) -> int:
-    from nulltickets.worker import WorkerOptions, run_worker
-
-    args = list(argv)
-    if "--" not in args:
-        return _fail("worker: give the command after --, e.g. worker --role coder -- ./agent.sh")
-    split = args.index("--")
-    flags, command = args[:split], args[split + 1 :]
-    if not command:
-        return _fail("worker: the command after -- is empty")
-    p = argparse.ArgumentParser(
-        prog="nulltickets worker", description="Run COMMAND for each task claimed for a role."
-    )
-    p.add_argument("--role", required=True)
-    p.add_argument("--base", default=os.environ.get("NULLTICKETS_BASE_URL", DEFAULT_BASE))
-    p.add_argument("--token", default=os.environ.get("NULLTICKETS_TOKEN"))
-    p.add_argument("--agent-id", default=None)
-    p.add_argument("--trigger", default=None, help="trigger on exit 0 (default: printed or only)")
-    p.add_argument("--lease-ttl-ms", type=int, default=None)
-    p.add_argument("--wait-ms", type=int, default=30_000, help="long-poll wait per claim")
-    p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--exit-when-idle", action="store_true", help="stop at the first empty claim")
-    opts = p.parse_args(flags)
-    options = WorkerOptions(
-        role=opts.role,
-        command=command,
-        base_url=opts.base,
-        token=opts.token,
-        trigger=opts.trigger,
-        lease_ttl_ms=opts.lease_ttl_ms,
-        wait_ms=opts.wait_ms,
-        max_tasks=opts.max_tasks,
-        exit_when_idle=opts.exit_when_idle,
-    )
-    if opts.agent_id:
-        options.agent_id = opts.agent_id
-    return run_worker(options)
-
-
-def main(argv: Sequence[str]) -> int:
-    command, rest = argv[0], argv[1:]
-    handlers = {
-        "worker": worker_main,
-        "checkpoint": checkpoint_main,
-        "event": event_main,
-        "pause": pause_main,
-    }
-    return handlers[command](rest)

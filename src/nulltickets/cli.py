@@ -1,8 +1,15 @@
-"""The `nulltickets` command: parse flags, build Settings, start granian. No logic of its own.
+"""The `nulltickets` command: parse the command line, then hand over. No logic of its own.
 
-nulltickets [serve|gateway|nulltickets] [flags]   run the server (contract §16.1)
-nulltickets --export-manifest                     print nullhub's manifest (§16.4)
-nulltickets --from-json '<json>'                  write config.json from wizard answers (§16.5)
+    nulltickets [serve|gateway|nulltickets] [flags]     run the server (contract §16.1)
+    nulltickets worker | checkpoint | event | pause     the agent side (agent_cli.py)
+    nulltickets tasks ... | runs tail                   against a running server (admin_cli.py)
+    nulltickets backup | doctor                         on the database file (db_cli.py)
+    nulltickets --export-manifest                       print nullhub's manifest (§16.4)
+    nulltickets --from-json '<json>'                    write config.json from wizard answers
+
+nullhub runs `<bin> <word>` with only NULLTICKETS_HOME set, so the launch words and no word at
+all start the server. Any other unknown word or flag is an error: status 2 and the usage on
+stderr. A bad value, a failed start-up or a failed command is one line on stderr, status 1.
 """
 
 from __future__ import annotations
@@ -11,108 +18,193 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any
 
-from nulltickets.agent_cli import AGENT_COMMANDS
+from nulltickets import admin_cli, agent_cli, db_cli
 from nulltickets.config import (
     DURABILITIES,
+    ENV_ACCESS_LOG,
+    ENV_DB,
+    ENV_DURABILITY,
+    ENV_HOST,
+    ENV_LOG_FORMAT,
+    ENV_LOG_LEVEL,
+    ENV_MAX_BODY,
+    ENV_PORT,
+    ENV_READ_TIMEOUT,
+    ENV_TOKEN,
+    LOG_FORMATS,
+    LOG_LEVELS,
     ConfigError,
     Flags,
     Settings,
     build_settings,
+    parse_choice,
     parse_port,
+    parse_seconds,
+    parse_size,
+    source_of,
     write_wizard_config,
 )
 from nulltickets.errors import TrackerError
-from nulltickets.launch import check_settings, preflight, serve, version_line
+from nulltickets.remote import CommandFailed
 
 # Words that mean "run the server" (nullhub launches `<bin> serve`, or `<bin> nulltickets` for
 # installs made from the original manifest).
 SERVE_WORDS = ("serve", "gateway", "nulltickets")
+# What may come first without a command word (anything else starting with "-" is serve's).
+TOP_LEVEL = ("-h", "--help", "--version", "--export-manifest", "--from-json")
 
-USAGE = """nulltickets [serve|gateway|nulltickets] [--config PATH] [--host HOST] [--port N]
-                   [--db PATH] [--token T] [--max-body-bytes N] [--durability {full,normal}]
-                   [--access-log] [--version]
-       nulltickets --export-manifest
-       nulltickets --from-json '<json>'
-       nulltickets worker --role R [--base URL] [--token T] -- COMMAND [ARG...]
-       nulltickets checkpoint '<json>' | event KIND ['<json>'] | pause --agent-id X"""
+EPILOG = """Without a command (or with serve, gateway or nulltickets) the server starts.
+`nulltickets COMMAND --help` describes each command.
 
-EPILOG = """configuration: flags win over the config file (--config PATH, else
-$NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over
-$NULLTICKETS_PORT and the defaults. Config keys: port, db (relative to the file's
-directory), api_token (empty or null: no auth), host, durability, max_body_bytes."""
+--export-manifest and --from-json count only as the first argument.
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """Bad flags are a start-up error: status 1, one line on stderr."""
-        self.exit(1, f"nulltickets: {message} (see --help)\n")
+configuration: flags win over the config file (--config PATH, else
+$NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over the
+environment variables (NULLTICKETS_PORT, NULLTICKETS_DB, ...) and the defaults."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = argparse.ArgumentParser(
         prog="nulltickets",
-        usage=USAGE,
         description="Durable task state for AI agents, served over a JSON HTTP API.",
         epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument(
-        "--config", default=None, help="config file (default $NULLTICKETS_HOME/config.json)"
-    )
-    p.add_argument("--port", default=None, help="listen port 0..65535 (default 7700)")
-    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    p.add_argument("--db", default=None, help="SQLite database path (default nulltickets.db)")
-    p.add_argument("--token", default=None, help="admin API token (default: auth disabled)")
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=None,
-        help="largest accepted request body (default 65536)",
-    )
-    p.add_argument(
-        "--durability",
-        choices=DURABILITIES,
-        default=None,
-        help="full (default): fsync every commit; normal: fsync only at checkpoints",
-    )
-    p.add_argument(
-        "--read-timeout",
-        type=float,
-        default=None,
-        help="seconds a client may take to send a request body (default 30)",
-    )
-    p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument(
+        "--export-manifest", action="store_true", help="print nullhub's manifest JSON and exit"
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="JSON",
+        help="write <home>/config.json from nullhub's wizard answers and exit",
+    )
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Subparser)
+    serve = commands.add_parser(
+        "serve",
+        aliases=["gateway", "nulltickets"],
+        help="run the server (the default; gateway and nulltickets are the same)",
+        description="Run the server until SIGINT or SIGTERM.",
+        epilog=EPILOG.split("\n\n")[-1],
+        allow_abbrev=False,
+    )
+    add_serve_arguments(serve)
+    serve.set_defaults(func=serve_command)
+    agent_cli.register(commands)
+    admin_cli.register(commands)
+    db_cli.register(commands)
     return p
 
 
-def _value_flags(parser: argparse.ArgumentParser) -> set[str]:
-    return {
-        opt
-        for action in parser._actions
-        if action.nargs is None and action.option_strings
-        for opt in action.option_strings
-    }
+class _Subparser(argparse.ArgumentParser):
+    """Subcommands refuse abbreviated flags too (`--po` is not `--port`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    def opt(flag: str, env: str, help_text: str, metavar: str | None = None) -> None:
+        p.add_argument(flag, default=None, metavar=metavar, help=f"{help_text} (env {env})")
+
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="PATH",
+        help="config file, which must exist (default $NULLTICKETS_HOME/config.json, if any)",
+    )
+    opt("--host", ENV_HOST, "bind address; any but loopback needs a token (default 127.0.0.1)")
+    opt("--port", ENV_PORT, "listen port 0..65535 (default 7700)", metavar="N")
+    opt("--db", ENV_DB, "SQLite database file (default nulltickets.db)", metavar="PATH")
+    opt("--token", ENV_TOKEN, "admin token every route but /health needs (default: none)")
+    opt("--max-body-bytes", ENV_MAX_BODY, "largest request body (default 65536)", metavar="N")
+    opt(
+        "--durability",
+        ENV_DURABILITY,
+        "full (default): fsync every commit; normal: fsync only at checkpoints",
+        metavar="{full,normal}",
+    )
+    opt(
+        "--read-timeout",
+        ENV_READ_TIMEOUT,
+        "seconds a client may take to send a request body (default 30)",
+        metavar="S",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=None,
+        help=f"log every request (env {ENV_ACCESS_LOG}=1)",
+    )
+    opt("--log-format", ENV_LOG_FORMAT, "text (default) or json lines", metavar="{text,json}")
+    opt(
+        "--log-level",
+        ENV_LOG_LEVEL,
+        "debug, info (default), warning, error or critical",
+        metavar="LEVEL",
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
 def flags_from_args(args: argparse.Namespace) -> Flags:
+    """The serve flags, each value checked here (a bad one is a ConfigError naming the flag)."""
+
     return Flags(
         config=args.config,
         db=args.db,
         host=args.host,
         port=None if args.port is None else parse_port(args.port, "--port"),
         token=args.token,
-        max_body_bytes=args.max_body_bytes,
-        durability=args.durability,
-        read_timeout_s=args.read_timeout,
+        max_body_bytes=None
+        if args.max_body_bytes is None
+        else parse_size(args.max_body_bytes, "--max-body-bytes"),
+        durability=None
+        if args.durability is None
+        else parse_choice(args.durability, DURABILITIES, "--durability"),
+        read_timeout_s=None
+        if args.read_timeout is None
+        else parse_seconds(args.read_timeout, "--read-timeout"),
         access_log=args.access_log,
+        log_format=None
+        if args.log_format is None
+        else parse_choice(args.log_format, LOG_FORMATS, "--log-format"),
+        log_level=None
+        if args.log_level is None
+        else parse_choice(args.log_level, LOG_LEVELS, "--log-level"),
     )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     return build_settings(flags_from_args(args))
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from nulltickets import logs
+    from nulltickets.launch import check_settings, preflight, serve, version_line
+
+    if args.version:
+        print(version_line())
+        return 0
+    if args.host is not None and not args.host.strip():
+        raise ConfigError("--host must not be empty")
+    flags = flags_from_args(args)
+    settings = build_settings(flags)
+    logs.configure(settings.log_format, settings.log_level)
+    try:
+        check_settings(settings)
+    except ConfigError as exc:
+        # launch names the flag; the host may have come from the file or the environment.
+        source = source_of("host", flags)
+        if "--host" in str(exc) and source != "--host":
+            raise ConfigError(str(exc).replace("--host", source)) from None
+        raise
+    preflight(settings)
+    serve(settings)
+    return 0
 
 
 def export_manifest() -> int:
@@ -135,6 +227,14 @@ def from_json(rest: Sequence[str]) -> int:
     return 0
 
 
+def normalise(argv: Sequence[str]) -> list[str]:
+    """No command word means serve: `nulltickets` and `nulltickets --port 1` start it."""
+    args = list(argv)
+    if not args or (args[0].startswith("-") and args[0] not in TOP_LEVEL):
+        return ["serve", *args]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     # Both modes count only as the first argument, like the original's.
@@ -142,32 +242,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return export_manifest()
     if args_in[:1] == ["--from-json"]:
         return from_json(args_in[1:])
-    if args_in[:1] and args_in[0] in AGENT_COMMANDS:
-        from nulltickets.agent_cli import main as agent_main
-
-        return agent_main(args_in)
     parser = _parser()
-    # Unknown arguments, and a value flag given last without its value, are ignored (§16.1)
-    # but named on stderr.
-    dangling: list[str] = []
-    while args_in and args_in[-1] in _value_flags(parser):
-        dangling.insert(0, args_in.pop())
-    args, unknown = parser.parse_known_args(args_in)
-    ignored = [a for a in unknown + dangling if a not in SERVE_WORDS]
-    if args.version:
-        print(version_line())
-        return 0
-    if ignored:
-        print(f"nulltickets: ignoring {' '.join(ignored)}", file=sys.stderr)
+    args = parser.parse_args(normalise(args_in))  # usage errors exit 2 with the usage
+    if args.command is None:
+        if args.version:
+            from nulltickets.launch import version_line
+
+            print(version_line())
+            return 0
+        parser.error("--export-manifest and --from-json must come first")
     try:
-        settings = settings_from_args(args)
-        check_settings(settings)
-        preflight(settings)
+        status: int = args.func(args)
+    except CommandFailed as exc:
+        print(f"nulltickets: {exc}", file=sys.stderr)
+        return exc.status
     except ConfigError as exc:
         print(f"nulltickets: {exc}", file=sys.stderr)
         return 1
     except TrackerError as exc:
         print(f"nulltickets: {exc.message}", file=sys.stderr)
         return 1
-    serve(settings)
-    return 0
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # a start-up step the checks above did not foresee
+        print(f"nulltickets: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # still one line, never a traceback, for whoever runs us
+        print(f"nulltickets: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return status

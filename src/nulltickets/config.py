@@ -1,10 +1,12 @@
 """Settings: built once from flags, the config file and the environment, then passed to the
 server worker as JSON in an environment variable (workers may be spawned, not forked).
 
-Precedence is flags > config file > environment (`NULLTICKETS_PORT` only) > defaults. The
-config file is `--config PATH`, else `<home>/config.json` with home = `$NULLTICKETS_HOME`,
-else `$HOME/.nulltickets` (contract §16.2). This module also writes that file for nullhub's
-`--from-json` (§16.5)."""
+Precedence is flags > config file > environment > defaults, for every setting (SETTINGS
+lists each one's flag, config key and variable). The config file is `--config PATH` (which
+must exist), else `<home>/config.json` with home = `$NULLTICKETS_HOME`, else
+`$HOME/.nulltickets` (contract §16.2). A variable is read only when it decides, so a bad
+value in a variable a flag overrides is not an error. This module also writes the config
+file for nullhub's `--from-json` (§16.5)."""
 
 from __future__ import annotations
 
@@ -12,21 +14,49 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+T = TypeVar("T")
 
 ENV_SETTINGS = "NULLTICKETS_SERVE_SETTINGS"
 ENV_HOME = "NULLTICKETS_HOME"
 ENV_PORT = "NULLTICKETS_PORT"
+ENV_DB = "NULLTICKETS_DB"
+ENV_HOST = "NULLTICKETS_HOST"
+ENV_TOKEN = "NULLTICKETS_TOKEN"
+ENV_MAX_BODY = "NULLTICKETS_MAX_BODY_BYTES"
+ENV_DURABILITY = "NULLTICKETS_DURABILITY"
+ENV_READ_TIMEOUT = "NULLTICKETS_READ_TIMEOUT"
+ENV_ACCESS_LOG = "NULLTICKETS_ACCESS_LOG"
+ENV_LOG_FORMAT = "NULLTICKETS_LOG_FORMAT"
+ENV_LOG_LEVEL = "NULLTICKETS_LOG_LEVEL"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
 DEFAULT_DB = "nulltickets.db"
 DEFAULT_MAX_BODY = 64 * 1024
+DEFAULT_READ_TIMEOUT = 30.0
 DURABILITIES = ("full", "normal")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# (setting, flag, config key, environment variable): the table the README shows.
+SETTINGS = (
+    ("db", "--db", "db", ENV_DB),
+    ("host", "--host", "host", ENV_HOST),
+    ("port", "--port", "port", ENV_PORT),
+    ("token", "--token", "api_token", ENV_TOKEN),
+    ("max_body_bytes", "--max-body-bytes", "max_body_bytes", ENV_MAX_BODY),
+    ("durability", "--durability", "durability", ENV_DURABILITY),
+    ("body_timeout_s", "--read-timeout", "read_timeout", ENV_READ_TIMEOUT),
+    ("access_log", "--access-log", "access_log", ENV_ACCESS_LOG),
+    ("log_format", "--log-format", "log_format", ENV_LOG_FORMAT),
+    ("log_level", "--log-level", "log_level", ENV_LOG_LEVEL),
+)
 
 
 class ConfigError(Exception):
@@ -44,6 +74,7 @@ class Settings(msgspec.Struct, frozen=True):
     durability: str = "full"  # group commit makes fsync-per-commit nearly free (make bench)
     reap_interval_s: float = 0.5
     log_level: str = "info"
+    log_format: str = "text"
     access_log: bool = False
 
     def to_env(self) -> str:
@@ -66,21 +97,29 @@ class Flags(msgspec.Struct, frozen=True):
     max_body_bytes: int | None = None
     durability: str | None = None
     read_timeout_s: float | None = None
-    access_log: bool = False
+    access_log: bool | None = None
+    log_format: str | None = None
+    log_level: str | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
     """A config file as read; None means "not set". `db` is already resolved against the
-    file's directory, and a file that exists always yields one (`<dir>/nulltickets.db` by
-    default). `FileConfig()` stands for "no config file"."""
+    file's directory; `default_db` is where the database lives when neither the file nor the
+    environment names one (`<dir>/nulltickets.db`). `FileConfig()` stands for "no config
+    file". An `api_token` of "" is kept: it says "no auth" and wins over the environment."""
 
     path: str | None = None
     db: str | None = None
+    default_db: str | None = None
     port: int | None = None
     api_token: str | None = None
     host: str | None = None
     durability: str | None = None
     max_body_bytes: int | None = None
+    read_timeout_s: float | None = None
+    access_log: bool | None = None
+    log_format: str | None = None
+    log_level: str | None = None
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -115,6 +154,8 @@ def resolve_db(db: str, config_dir: Path) -> str:
 
 
 # --- values ------------------------------------------------------------------------------------
+# Each parser takes the raw value and the name of its source (a flag, a variable, a file key),
+# and raises ConfigError naming that source.
 
 
 def parse_port(value: object, source: str) -> int:
@@ -131,6 +172,52 @@ def parse_port(value: object, source: str) -> int:
     if port is None or not 0 <= port <= 65535:
         raise ConfigError(f"{source} must be a port number 0..65535, got {value!r}")
     return port
+
+
+def parse_size(value: str, source: str) -> int:
+    """A whole number of bytes."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"{source} must be a whole number of bytes, got {value!r}")
+    return int(text)
+
+
+def parse_seconds(value: str, source: str) -> float:
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        raise ConfigError(f"{source} must be a number of seconds, got {value!r}") from None
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ConfigError(f"{source} must be a number of seconds, got {value!r}")
+    return seconds
+
+
+def parse_choice(value: str, choices: tuple[str, ...], source: str) -> str:
+    text = value.strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{source} must be one of {', '.join(choices)}, got {value!r}")
+    return text
+
+
+def parse_bool(value: str, source: str) -> bool:
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{source} must be one of 1, true, yes, on, 0, false, no, off, got {value!r}")
+
+
+def parse_host(value: str, source: str) -> str:
+    if not value.strip():
+        raise ConfigError(f"{source} must not be empty")
+    return value.strip()
+
+
+def parse_db(value: str, source: str) -> str:
+    if not value:
+        raise ConfigError(f"{source} must not be empty")
+    return value
 
 
 def _string(doc: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -174,22 +261,32 @@ def read_config(path: Path) -> FileConfig | None:
     host = _string(doc, "host", where)
     if host == "":
         raise ConfigError(f"{where}: 'host' must not be empty")
-    durability = _string(doc, "durability", where)
-    if durability is not None and durability not in DURABILITIES:
-        raise ConfigError(f"{where}: 'durability' must be 'full' or 'normal', got {durability!r}")
+    durability = _config_choice(doc, "durability", DURABILITIES, where)
     max_body = None
     if doc.get("max_body_bytes") is not None:
         max_body = _config_int(doc, "max_body_bytes", where)
+    read_timeout = None
+    if doc.get("read_timeout") is not None:
+        value = doc["read_timeout"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: 'read_timeout' must be a number, got {value!r}")
+        read_timeout = float(value)
+    access_log = doc.get("access_log")
+    if access_log is not None and not isinstance(access_log, bool):
+        raise ConfigError(f"{where}: 'access_log' must be true or false, got {access_log!r}")
     return FileConfig(
         path=where,
-        db=resolve_db(db or DEFAULT_DB, path.parent),
+        db=None if db is None else resolve_db(db, path.parent),
+        default_db=resolve_db(DEFAULT_DB, path.parent),
         port=port,
-        # An empty token means "no auth", like a missing one (the nullhub wizard leaves the
-        # optional secret step empty).
-        api_token=_string(doc, "api_token", where) or None,
+        api_token=_string(doc, "api_token", where),
         host=host,
         durability=durability,
         max_body_bytes=max_body,
+        read_timeout_s=read_timeout,
+        access_log=access_log,
+        log_format=_config_choice(doc, "log_format", LOG_FORMATS, where),
+        log_level=_config_choice(doc, "log_level", LOG_LEVELS, where),
     )
 
 
@@ -200,6 +297,16 @@ def _config_int(doc: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _config_choice(
+    doc: Mapping[str, Any], key: str, choices: tuple[str, ...], where: str
+) -> str | None:
+    value = _string(doc, key, where)
+    if value is not None and value not in choices:
+        options = " or ".join(repr(c) for c in choices)
+        raise ConfigError(f"{where}: {key!r} must be {options}, got {value!r}")
+    return value
+
+
 def env_port(env: Mapping[str, str] | None = None) -> int | None:
     """`NULLTICKETS_PORT` (set by the container image), or None when unset or empty."""
     env = os.environ if env is None else env
@@ -207,31 +314,116 @@ def env_port(env: Mapping[str, str] | None = None) -> int | None:
     return parse_port(raw, ENV_PORT) if raw else None
 
 
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
+def _env(env: Mapping[str, str], name: str, parse: Callable[[str, str], T]) -> T | None:
+    """The variable parsed, or None when it is unset or empty."""
+    raw = env.get(name, "")
+    return parse(raw, name) if raw.strip() else None
+
+
+def _decide(flag: T | None, file: T | None, read_env: Callable[[], T | None], default: T) -> T:
+    """flag > file > environment > default; the environment is read only when it decides."""
+    if flag is not None:
+        return flag
+    if file is not None:
+        return file
+    from_env = read_env()
+    return default if from_env is None else from_env
+
+
+def load_config(explicit: str | None, env: Mapping[str, str]) -> FileConfig:
+    """The config file that applies (FileConfig() for none); `--config PATH` must exist."""
+    path = config_path(explicit, env)
+    read = read_config(path) if path is not None else None
+    if read is None and explicit is not None:
+        raise ConfigError(f"config file {explicit} does not exist")
+    return read or FileConfig()
+
+
+def _database(flag: str | None, file: FileConfig, env: Mapping[str, str]) -> str:
+    return _decide(
+        flag, file.db, lambda: _env(env, ENV_DB, parse_db), file.default_db or DEFAULT_DB
+    )
+
+
+def database_path(
+    config: str | None = None, db: str | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """The database the server would open, decided as `build_settings` decides it (for the
+    commands that open the file themselves: backup, doctor)."""
+    env = os.environ if env is None else env
+    return _database(db, load_config(config, env), env)
+
+
+def source_of(setting: str, flags: Flags, env: Mapping[str, str] | None = None) -> str:
+    """Where `setting` came from, for a message: its flag, the config file's key, its
+    environment variable, or "the default"."""
+    env = os.environ if env is None else env
+    _name, flag, key, var = next(row for row in SETTINGS if row[0] == setting)
+    if getattr(flags, FLAG_FIELDS.get(setting, setting)) is not None:
+        return flag
+    file = load_config(flags.config, env)
+    if getattr(file, FILE_FIELDS.get(setting, setting)) is not None:
+        return f"{key!r} in {file.path}"
+    return var if env.get(var, "").strip() else "the default"
+
+
+FLAG_FIELDS = {"body_timeout_s": "read_timeout_s"}
+FILE_FIELDS = {"body_timeout_s": "read_timeout_s", "token": "api_token"}
 
 
 def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settings:
     """Flags > config file > environment > defaults. Without a config file and without
-    `--db`, the database is `nulltickets.db` in the working directory."""
+    `--db` or `NULLTICKETS_DB`, the database is `nulltickets.db` in the working directory;
+    with a config file that names none, it lives next to the file. `--config PATH` naming a
+    missing file is an error (the default location may be absent)."""
     env = os.environ if env is None else env
-    path = config_path(flags.config, env)
-    file = (read_config(path) if path is not None else None) or FileConfig()
+    file = load_config(flags.config, env)
     base = Settings()
-    # An explicit `--token ""` wins over the file's token and switches auth off.
-    token = flags.token if flags.token is not None else file.api_token
-    port = _first(flags.port, file.port)
-    if port is None:  # the environment is read only when it decides
-        port = _first(env_port(env), base.port)
+
+    def var(name: str, parse: Callable[[str, str], T]) -> Callable[[], T | None]:
+        return lambda: _env(env, name, parse)
+
+    # An explicit `--token ""` (or `"api_token": ""`) wins over lower sources and switches
+    # auth off.
+    token = _decide(flags.token, file.api_token, var(ENV_TOKEN, lambda v, _s: v), "")
     return Settings(
-        db=_first(flags.db, file.db, base.db),
-        host=_first(flags.host, file.host, base.host),
-        port=port,
+        db=_database(flags.db, file, env),
+        host=_decide(flags.host, file.host, var(ENV_HOST, parse_host), base.host),
+        port=_decide(flags.port, file.port, var(ENV_PORT, parse_port), base.port),
         token=token or None,
-        max_body_bytes=_first(flags.max_body_bytes, file.max_body_bytes, base.max_body_bytes),
-        durability=_first(flags.durability, file.durability, base.durability),
-        body_timeout_s=_first(flags.read_timeout_s, base.body_timeout_s),
-        access_log=flags.access_log,
+        max_body_bytes=_decide(
+            flags.max_body_bytes,
+            file.max_body_bytes,
+            var(ENV_MAX_BODY, parse_size),
+            base.max_body_bytes,
+        ),
+        durability=_decide(
+            flags.durability,
+            file.durability,
+            var(ENV_DURABILITY, lambda v, s: parse_choice(v, DURABILITIES, s)),
+            base.durability,
+        ),
+        body_timeout_s=_decide(
+            flags.read_timeout_s,
+            file.read_timeout_s,
+            var(ENV_READ_TIMEOUT, parse_seconds),
+            base.body_timeout_s,
+        ),
+        access_log=_decide(
+            flags.access_log, file.access_log, var(ENV_ACCESS_LOG, parse_bool), base.access_log
+        ),
+        log_format=_decide(
+            flags.log_format,
+            file.log_format,
+            var(ENV_LOG_FORMAT, lambda v, s: parse_choice(v, LOG_FORMATS, s)),
+            base.log_format,
+        ),
+        log_level=_decide(
+            flags.log_level,
+            file.log_level,
+            var(ENV_LOG_LEVEL, lambda v, s: parse_choice(v, LOG_LEVELS, s)),
+            base.log_level,
+        ),
     )
 
 

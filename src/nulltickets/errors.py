@@ -253,3 +253,9 @@ class StartupError(TrackerError):
     """The server cannot start."""
 
     code = "startup_error"
+
+
+class MaintenanceError(TrackerError):
+    """The database could not be backed up or inspected."""
+
+    code = "maintenance_failed"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import sys
 
-from nulltickets import __version__, core
+from nulltickets import __version__, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
 
+# granian's access line without its own local-time stamp: every record carries ours.
+ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
 # Seconds granian's main process waits for its worker to stop before it kills it.
 WORKER_KILL_TIMEOUT_S = 3
 
@@ -79,28 +82,17 @@ def check_port(host: str, port: int) -> None:
 
 def preflight(settings: Settings) -> None:
     """Open, check and migrate the database before serving, so that a bad path, a read-only
-    file or an old SQLite is a clear start-up error; the connection is closed before the
-    worker starts (SQLite connections must not cross a fork)."""
-    from nulltickets.storage import factory
+    file, an old SQLite, an unreachable server or a missing driver is a clear start-up error;
+    nothing stays open when the worker starts (connections must not cross a fork)."""
+    from nulltickets.storage.factory import check_database
 
-    if factory.is_postgres(settings.db):  # connect and migrate; the worker opens its own pools
-        factory.open_database(settings.db, durability=settings.durability).close()
-        return
-    from nulltickets.storage.sqlite import connection
-
-    connection.check_sqlite()
-    connection.ensure_parent(settings.db)
-    connection.check_writable(settings.db)
-    conn = connection.connect_writer(settings.db, settings.durability)
-    try:
-        connection.migrate(conn)
-    finally:
-        conn.close()
+    check_database(settings.db, durability=settings.durability)
 
 
 def serve(settings: Settings) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
+    from granian.log import LogLevels
     from granian.server import Server
 
     from nulltickets.http.app import load_app
@@ -108,10 +100,13 @@ def serve(settings: Settings) -> None:
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
-    print(
-        f"{version_line()}: db {display_name(settings.db)}, auth {auth}, "
-        f"listening on http://{settings.host}:{settings.port}",
-        file=sys.stderr,
+    logging.getLogger("nulltickets").info(
+        "%s: db %s, auth %s, listening on http://%s:%s",
+        version_line(),
+        display_name(settings.db),
+        auth,
+        settings.host,
+        settings.port,
     )
     server = Server(
         "nulltickets.http.app:load_app",
@@ -124,7 +119,11 @@ def serve(settings: Settings) -> None:
         websockets=False,
         http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),
         log_enabled=True,
+        # Our format for granian's loggers too, here and in its worker (logs.py).
+        log_level=LogLevels(settings.log_level),
+        log_dictconfig=logs.dictconfig(settings.log_format, settings.log_level),
         log_access=settings.access_log,
+        log_access_format=ACCESS_LOG_FORMAT,
         # On SIGTERM the worker answers waiting long-polls and finishes what is in flight
         # (http/app.py); one that is stuck beyond this is killed, so a supervisor never waits
         # on us for long.

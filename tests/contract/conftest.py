@@ -1,13 +1,9 @@
 """The backends every contract test runs on.
 
 A backend is a function giving a fresh, empty database target (what `--db` takes) for one
-test. The suite opens it through storage.factory, so it sees only the storage ports. To run
-the suite on another backend, add it to BACKENDS, e.g.
-
-    def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-        return request.getfixturevalue("postgres_server").fresh_database_url()
-
-    BACKENDS["postgresql"] = postgresql
+test. The suite opens it through storage.factory, so it sees only the storage ports. Every
+contract test runs on each backend in BACKENDS: SQLite (a file of the test's own) and
+PostgreSQL (a new database of the session's own cluster, tests/conftest.py).
 """
 
 from __future__ import annotations

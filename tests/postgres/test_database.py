@@ -297,7 +297,7 @@ def test_a_heartbeat_racing_the_reaper_never_revives_an_expired_lease(
     from nulltickets.domain.tokens import lease_token_hash
 
     token = lease_token_hash(claim.lease_token)
-    later = now + 2_000
+    later = claim.expires_at_ms + 1_000  # past the lease, whatever TTL it was given
     outcome: list[str] = []
 
     def heartbeat() -> None:
@@ -312,6 +312,11 @@ def test_a_heartbeat_racing_the_reaper_never_revives_an_expired_lease(
     reaped = db_a.write_sync(lambda b: t_a.reap_expired(b, later))
     thread.join(30)
     assert reaped in (0, 1) and outcome and outcome[0] != "extended"
-    # The run ended exactly once, whoever came first.
+    # A reaper passes over a lease another unit of work holds (SKIP LOCKED): if it met the
+    # heartbeat's lock, its next pass ends the run. Either way the run ends once, as stale.
+    reaped += db_a.write_sync(lambda b: t_a.reap_expired(b, later))
+    assert reaped == 1
     status = db_a.read_sync(lambda b: b.run_status(claim.run.id))
     assert status == "stale"
+    kinds = db_a.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
+    assert kinds.count("lease_expired") == 1, kinds

@@ -78,8 +78,9 @@ def test_a_run_has_at_most_one_lease(pg_conn: Conn) -> None:
 
 
 def test_pipeline_names_are_unique(pg_conn: Conn) -> None:
-    name = unique("pipe")
-    run(pg_conn, "insert_pipeline", id=new_id(), name=name, definition_json="{}", now=1)
+    name, pipeline_id = unique("pipe"), new_id()
+    run(pg_conn, "insert_pipeline", id=pipeline_id, name=name, definition_json="{}", now=1)
+    assert one(pg_conn, "get_pipeline", id=pipeline_id)[1] == name
     with pytest.raises(errors.UniqueViolation) as caught:
         run(pg_conn, "insert_pipeline", id=new_id(), name=name, definition_json="{}", now=1)
     assert caught.value.diag.constraint_name == "pipelines_name_key"

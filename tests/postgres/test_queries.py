@@ -28,9 +28,7 @@ POSTGRES_ONLY = {
 }
 
 # Queries only SQLite has, and why.
-SQLITE_ONLY = {
-    "bulk_insert_task": "storage/sqlite/bulk.py: bulk loads of tools and benchmarks",
-}
+SQLITE_ONLY: dict[str, str] = {}
 
 # Statements PREPARE cannot take (DDL); migrate.py runs them in every migration test.
 NOT_PREPARABLE = {"schema_create", "listen"}

@@ -128,7 +128,14 @@ def check_tasks(db: Path | str, definition: dict[str, Any]) -> tuple[list[str], 
 
 def check_acknowledged(db: Path | str, journals: Journals) -> tuple[list[str], int]:
     """Every answer an agent took as success is in the file. Returns (problems, acks checked)."""
-    problems: list[str] = []
+    lost, checked = acknowledged_lost(db, journals)
+    return [message for message, _entry in lost], checked
+
+
+def acknowledged_lost(db: Path, journals: Journals) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """The answers an agent took as success that are not in the file, each with its journal
+    entry (whose `t` says when it was acknowledged); and how many were checked."""
+    problems: list[tuple[str, dict[str, Any]]] = []
     checked = 0
     with open_db(db) as conn:
         runs = {r[0]: r for r in rows(conn, "SELECT id, task_id, attempt, status FROM runs")}
@@ -147,41 +154,41 @@ def check_acknowledged(db: Path | str, journals: Journals) -> tuple[list[str], i
         checked += 1
         run = runs.get(e["run"])
         if run is None or (run[1], run[2]) != (e["task"], e["attempt"]):
-            problems.append(f"acknowledged claim lost: {e}")
+            problems.append((f"acknowledged claim lost: {e}", e))
     for e in journals.ops("event"):
         checked += 1
         row = events.get(e["id"])
         if row is None or row[1] != e["run"] or row[2] != e["kind"] or _json(row[3]) != e["data"]:
-            problems.append(f"acknowledged event lost or changed: {e} -> {row}")
+            problems.append((f"acknowledged event lost or changed: {e} -> {row}", e))
     for e in journals.ops("transition"):
         checked += 1
         run = runs.get(e["run"])
         wanted = [m for m in moves[e["run"]] if (m["from"], m["to"]) == (e["from"], e["to"])]
         if run is None or run[3] != "completed" or len(wanted) != 1:
-            problems.append(f"acknowledged transition lost: {e} (run {run})")
+            problems.append((f"acknowledged transition lost: {e} (run {run})", e))
     for e in journals.ops("fail"):
         checked += 1
         run = runs.get(e["run"])
         if run is None or run[3] != "failed" or not set(kinds[e["run"]]) & set(RETRY_EVENTS):
-            problems.append(f"acknowledged failure lost: {e} (run {run})")
+            problems.append((f"acknowledged failure lost: {e} (run {run})", e))
     # The store: the last acknowledged put or delete of a key decides, unless a later request
     # on that key went out unanswered (then either state is right).
-    last: dict[tuple[str, str], tuple[str, Any]] = {}
+    last: dict[tuple[str, str], tuple[str, Any, dict[str, Any]]] = {}
     for e in journals.entries:
         op, k = e.get("op"), (str(e.get("ns")), str(e.get("key")))
         if op in ("put_sent", "delete_sent"):
-            last[k] = ("unsure", None)
+            last[k] = ("unsure", None, e)
         elif op == "put":
-            last[k] = ("present", e["value"])
+            last[k] = ("present", e["value"], e)
         elif op == "delete":
-            last[k] = ("absent", None)
-    for (ns, key), (state, value) in last.items():
+            last[k] = ("absent", None, e)
+    for (ns, key), (state, value, e) in last.items():
         if state == "unsure":
             continue
         checked += 1
         got = store.get((ns, key), "<absent>")
         if state == "present" and got != value:
-            problems.append(f"acknowledged put {ns}/{key} lost: {got!r} != {value!r}")
+            problems.append((f"acknowledged put {ns}/{key} lost: {got!r} != {value!r}", e))
         if state == "absent" and got != "<absent>":
-            problems.append(f"acknowledged delete {ns}/{key} undone: {got!r}")
+            problems.append((f"acknowledged delete {ns}/{key} undone: {got!r}", e))
     return problems, checked

@@ -244,20 +244,44 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--export-manifest" in out and "--from-json" in out and "--config" in out
 
 
-@pytest.mark.parametrize("word", ["serve", "gateway", "nulltickets"])
-def test_serve_words_and_unknown_arguments_build_the_same_settings(
-    word: str, home: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("word", ["serve", "gateway", "nulltickets", None])
+def test_serve_words_and_no_word_build_the_same_settings(
+    word: str | None, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NULLTICKETS_HOME", str(home))
-    parser = cli._parser()
-    args, unknown = parser.parse_known_args([word, "--port", "8127", "--unknown", "x"])
-    assert unknown == [word, "--unknown", "x"]
+    argv = cli.normalise([*([word] if word else []), "--port", "8127"])
+    args = cli._parser().parse_args(argv)
+    assert args.func is cli.serve_command
     assert cli.settings_from_args(args).port == 8127
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tasks-list"],
+        ["serve", "--unknown", "x"],
+        ["--unknown"],
+        ["gateway", "extra"],
+        ["--port"],  # a value flag without its value
+        ["serve", "--po", "8000"],  # abbreviations are not accepted
+        ["tasks"],
+        ["tasks", "frob"],
+        ["runs"],
+    ],
+)
+def test_unknown_words_and_flags_exit_2_with_the_usage(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: nulltickets") and "error:" in err
 
 
 def test_serve_flags_still_work(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NULLTICKETS_HOME", str(home))
-    args, _ = cli._parser().parse_known_args(
+    args = cli._parser().parse_args(
         [
             "serve",
             "--host",

@@ -45,7 +45,7 @@ def test_postgresql_without_its_backend_or_driver_is_a_one_line_error(
 ) -> None:
     """The message names the extra to install (or that this build has no backend), never an
     ImportError's traceback."""
-    have_backend = importlib.util.find_spec("nulltickets.storage.postgres") is not None
+    have_backend = importlib.util.find_spec("nulltickets.storage.postgres.database") is not None
     monkeypatch.setitem(sys.modules, "psycopg", None)  # importing it raises ImportError
     monkeypatch.setitem(sys.modules, "psycopg_pool", None)
     for name in [m for m in sys.modules if m.startswith("nulltickets.storage.postgres")]:

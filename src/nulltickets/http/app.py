@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from nulltickets import logs
 from nulltickets.config import Settings
 from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
 from nulltickets.http.errors import EXTRA_HEADERS, error_response
@@ -262,7 +263,5 @@ def load_app(target: str = "") -> App:
     """granian's target loader: runs inside the worker, configured through the environment."""
     _catch_granian_stop()
     settings = Settings.from_env()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="[%(levelname)s] %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_format, settings.log_level)
     return App(settings)

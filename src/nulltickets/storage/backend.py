@@ -321,7 +321,12 @@ class Backend(Protocol):
 
     def get_idempotency(
         self, key: str, method: str, path: str
-    ) -> tuple[bytes, bytes | None, int, str] | None: ...
+    ) -> tuple[bytes, bytes | None, int, str] | None:
+        """(request hash, auth hash, status, body) recorded under the key, if any. The first
+        statement of an idempotent unit of work: a backend with concurrent writers holds the
+        key until the unit commits (PostgreSQL: lock_idempotency_key), so that concurrent
+        requests under one key run once and the others replay its answer."""
+        ...
 
     def put_idempotency(
         self,

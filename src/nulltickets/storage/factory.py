@@ -3,10 +3,11 @@
 when asked for, so a SQLite server never loads them and an install without the extra says
 what to install instead of failing at import.
 
-A backend package provides a class implementing storage.ports.Database, constructed as
-`Class(target, durability=..., readers=...)`: `storage.sqlite.database.SqliteDatabase`, and
-`storage.postgres.PostgresDatabase` (which imports psycopg when its package is imported, so
-that a missing driver is reported here).
+A backend provides a class implementing storage.ports.Database in its `database` module,
+constructed as `Class(target, durability=..., readers=...)`:
+`storage.sqlite.database.SqliteDatabase` and `storage.postgres.database.PostgresDatabase`
+(whose module imports psycopg when it is imported, so that a missing driver is reported
+here).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def check_database(target: str, *, durability: str = "full") -> Capabilities:
 
 def _postgres(url: str, *, durability: str, readers: int) -> Database:
     try:
-        module = importlib.import_module("nulltickets.storage.postgres")
+        module = importlib.import_module("nulltickets.storage.postgres.database")
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing.split(".")[0] in _DRIVERS:

@@ -10,7 +10,7 @@
 
 -- insert_pipeline --
 -- A name already taken fails with a unique violation of pipelines_name_key: the backend
--- reports it as duplicate_name.
+-- reports it as duplicate_name (the constraint is the only check).
 INSERT INTO pipelines (id, name, definition_json, created_at_ms)
 VALUES (:id, :name, :definition_json, :now);
 

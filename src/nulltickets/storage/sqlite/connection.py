@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +21,9 @@ DURABILITY = {"full": "FULL", "normal": "NORMAL"}
 # about once every three cycles, and each eviction meant parsing and planning the statement
 # again (measured: 6,800 re-prepares in 20,000 cycles). With 512 slots they stay prepared.
 STATEMENT_CACHE = 512
+# Tests only: names the options of the power-cut VFS (powercut_vfs.py), which every connection
+# then goes through. Unset, as it always is outside the reliability suites, nothing of it runs.
+TEST_POWERCUT_VFS = "NULLTICKETS_TEST_POWERCUT_VFS"
 
 
 def check_sqlite() -> None:
@@ -30,11 +35,41 @@ def check_sqlite() -> None:
         raise StartupError("this SQLite was built without FTS5")
 
 
+def _test_vfs(path: str) -> str | None:
+    spec = os.environ.get(TEST_POWERCUT_VFS)
+    if not spec or path == ":memory:":
+        return None
+    from nulltickets.storage.sqlite import powercut_vfs  # tests only: see the module
+
+    return powercut_vfs.install(spec)
+
+
 def _open(path: str, flags: int) -> apsw.Connection:
     try:
-        return apsw.Connection(path, flags=flags, statementcachesize=STATEMENT_CACHE)
+        return apsw.Connection(
+            path, flags=flags, statementcachesize=STATEMENT_CACHE, vfs=_test_vfs(path)
+        )
     except apsw.CantOpenError as exc:
         raise StartupError(f"cannot open database {path!r}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def opening(path: str) -> Iterator[None]:
+    """The driver's start-up failures as ours, each naming the file (the CLI prints one line)."""
+    try:
+        yield
+    except apsw.NotADBError:
+        raise StartupError(f"{path} is not an SQLite database") from None
+    except apsw.CorruptError as exc:
+        raise StartupError(
+            f"database {path} is corrupt ({exc}); restore it from a backup"
+        ) from None
+    except apsw.ReadOnlyError:
+        raise StorageReadOnly(f"database {path} is read-only") from None
+    except apsw.CantOpenError as exc:
+        raise StartupError(f"cannot open database {path}: {exc}") from None
+    except (apsw.IOError, apsw.PermissionsError, apsw.AuthError) as exc:
+        raise StartupError(f"cannot use database {path}: {exc}") from None
 
 
 def _base_pragmas(conn: apsw.Connection) -> None:
@@ -50,11 +85,11 @@ def _base_pragmas(conn: apsw.Connection) -> None:
 def connect_writer(path: str, durability: str = "full") -> apsw.Connection:
     """The one read-write connection. `with conn:` opens BEGIN IMMEDIATE."""
     conn = _open(path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI)
-    _base_pragmas(conn)
-    try:
+    with opening(path):
+        _base_pragmas(conn)
         mode = conn.pragma("journal_mode", "wal")
-    except apsw.ReadOnlyError as exc:
-        raise StorageReadOnly(f"database {path!r} is read-only") from exc
+        if conn.readonly("main"):  # a read-only file system or a `file:...?mode=ro` URI
+            raise apsw.ReadOnlyError("read-only")
     if path != ":memory:" and str(mode).lower() != "wal":
         raise StartupError(f"cannot switch {path!r} to WAL mode (got {mode!r})")
     conn.pragma("synchronous", DURABILITY[durability])
@@ -71,7 +106,12 @@ def connect_reader(path: str) -> apsw.Connection:
 def ensure_parent(path: str) -> None:
     if path == ":memory:" or path.startswith("file:"):
         return
-    Path(path).expanduser().absolute().parent.mkdir(parents=True, exist_ok=True)
+    parent = Path(path).expanduser().absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise StartupError(f"cannot create the database directory {parent}: {reason}") from None
 
 
 def check_writable(path: str) -> None:
@@ -107,6 +147,11 @@ def migrate(conn: apsw.Connection) -> int:
 
     Each migration runs in its own transaction together with its user_version bump.
     """
+    with opening(conn.filename or ":memory:"):
+        return _migrate(conn)
+
+
+def _migrate(conn: apsw.Connection) -> int:
     current = conn.pragma("user_version")
     known = migrations()
     if current > len(known):

@@ -655,8 +655,3 @@ FROM otlp_spans
 WHERE run_id = :run_id AND id > :after_id
 ORDER BY id
 LIMIT :limit;
-
--- bulk_insert_task --
--- Tools and benchmarks only (storage/sqlite/bulk.py): a plain task row, defaults elsewhere.
-INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms, updated_at_ms)
-VALUES (:id, :pipeline_id, :stage, :title, '', :now, :now);
