@@ -21,8 +21,9 @@ if TEST_BACKEND not in ("sqlite", "postgres"):
 
 
 def server_dsn(request: pytest.FixtureRequest) -> str | None:
-    """A new, empty PostgreSQL database for a server when the tests run on PostgreSQL."""
-    if TEST_BACKEND != "postgres":
+    """A new, empty PostgreSQL database for a server when the tests run on PostgreSQL (not for
+    a test marked sqlite_file: it works on the server's SQLite file itself)."""
+    if TEST_BACKEND != "postgres" or request.node.get_closest_marker("sqlite_file"):
         return None
     postgres: PostgresServer = request.getfixturevalue("postgres")
     return postgres.dsn(postgres.create_database())
