@@ -10,6 +10,7 @@ and every test that needs it fails with that line.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -168,6 +169,52 @@ class PostgresServer:
                         f"PostgreSQL does not accept connections: {exc}"
                     ) from None
                 time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend of the cluster: a crash, not a shutdown
+        (the next start recovers from the WAL)."""
+        import signal
+
+        pid_file = self.data / "postmaster.pid"
+        try:
+            postmaster = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        found = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        for pid in [postmaster, *map(int, found)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                os.kill(postmaster, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+
+    def restart(self) -> None:
+        """Start the cluster again on its data directory and port (after `kill`)."""
+        options = " ".join(
+            [
+                "-c listen_addresses=127.0.0.1",
+                f"-c port={self.port}",
+                f"-c unix_socket_directories={self.root if os.name != 'nt' else ''}",
+                "-c fsync=on",
+                "-c synchronous_commit=on",
+                "-c max_connections=100",
+            ]
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D", str(self.data),
+            "-l", str(self.log),
+            "-o", options,
+            "-w", "-t", str(int(START_TIMEOUT_S)),
+            "start",
+        )  # fmt: skip
+        self.wait_until_ready()
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():

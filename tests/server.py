@@ -115,7 +115,8 @@ class Client:
 
 
 class Server:
-    """One server process on its own port and database file."""
+    """One server process on its own port and database file; with `dsn`, on that PostgreSQL
+    database instead (`db` then only places the server's log and home)."""
 
     def __init__(
         self,
@@ -125,8 +126,10 @@ class Server:
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        dsn: str | None = None,
     ) -> None:
         self.db = db
+        self.dsn = dsn
         self.token = token
         self.port = free_port()
         self.args = args or []
@@ -140,7 +143,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [*server_command(), "serve", "--port", str(self.port), "--db", str(self.db)]
+        target = self.dsn if self.dsn is not None else str(self.db)
+        cmd = [*server_command(), "serve", "--port", str(self.port), "--db", target]
         if self.token is not None:
             cmd += ["--token", self.token]
         return cmd + self.args

@@ -138,6 +138,14 @@ def test_workers_finish_a_crashing_backlog_exactly_once_without_redoing_checkpoi
 
 
 def _runs_of(server: Server, task_id: str) -> list[str]:
+    if server.dsn is not None:  # the server runs on PostgreSQL
+        import psycopg
+
+        with psycopg.connect(server.dsn) as pg:
+            found = pg.execute(
+                "SELECT id FROM runs WHERE task_id = %s ORDER BY attempt", (task_id,)
+            ).fetchall()
+        return [row[0] for row in found]
     import apsw
 
     conn = apsw.Connection(str(server.db), flags=apsw.SQLITE_OPEN_READONLY)

@@ -27,6 +27,10 @@ T = TypeVar("T")
 # A wake-up: (agent role, at_ms). at_ms 0 means "now"; later means "when the clock reaches it"
 # (a retry delay running out).
 Wake = Callable[[str, int], None]
+# The role of a wake-up for every role at once: a notifier that may have missed notifications
+# (PostgreSQL's listening connection, after it reconnected) sends it, and every long-poll looks
+# at the committed state again.
+EVERY_ROLE = "*"
 
 
 @dataclass(frozen=True, slots=True)

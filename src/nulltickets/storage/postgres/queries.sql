@@ -50,6 +50,16 @@ RETURNING id;
 -- task_by_idempotency_key --
 SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
 
+-- task_details --
+-- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
+-- and fence, and its cancellation.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms, checkpoint_json::text, fence, cancelled_at_ms, cancel_reason
+FROM tasks
+WHERE id = :id;
+
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
 SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
@@ -155,6 +165,22 @@ WHERE pipeline_id = :pipeline_id
     AND stage = :stage
     AND (created_at_ms, id) > (:after_created::bigint, :after_id::text)
 ORDER BY created_at_ms, id
+LIMIT :limit;
+
+-- list_tasks_by_role --
+-- Tasks in the stages a role works on (optionally one stage or pipeline): from the role's few
+-- stages to their tasks (idx_tasks_pipeline_stage_page), never through other stages' tasks.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM pipeline_stages AS s
+JOIN tasks AS t ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+WHERE s.agent_role = :agent_role
+    AND (:stage::text IS NULL OR s.stage = :stage::text)
+    AND (:pipeline_id::text IS NULL OR s.pipeline_id = :pipeline_id::text)
+    AND (t.created_at_ms, t.id) > (:after_created::bigint, :after_id::text)
+ORDER BY t.created_at_ms, t.id
 LIMIT :limit;
 
 -- task_run_state --
@@ -342,6 +368,31 @@ JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id;
 
+-- lock_lease_by_run --
+-- lease_by_run in a unit of work that writes: the lease row stays locked until it ends, so
+-- lease-protected writes on one lease (on any server) run one after the other, each seeing
+-- what the one before it left, as under SQLite's single writer. One that waited for a
+-- transition or release that deleted the lease finds no lease (404), never a half-ended run.
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.run_id = :run_id
+FOR UPDATE OF l;
+
+-- lock_lease_by_id --
+-- lease_by_id in a unit of work that writes (see lock_lease_by_run).
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.id = :id
+FOR UPDATE OF l;
+
 -- extend_lease --
 UPDATE leases
 SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
@@ -371,6 +422,9 @@ WHERE l.run_id = :run_id
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
 LIMIT 1
+-- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
+-- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
+FOR SHARE OF l
 RETURNING id;
 
 -- list_events --
@@ -396,8 +450,10 @@ SET stage = :stage,
 WHERE id = :id AND task_version = :task_version;
 
 -- failed_attempts --
--- Failures and lease expiries, over the task's whole life.
-SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+-- Failures and lease expiries, over the task's whole life, less those a requeue wrote off.
+SELECT count(*) - (SELECT failures_forgiven FROM tasks WHERE id = :task_id)
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale');
 
 -- schedule_retry --
 UPDATE tasks
@@ -412,6 +468,75 @@ SET stage = :stage,
     next_eligible_at_ms = :next_eligible_at_ms,
     updated_at_ms = :now
 WHERE id = :id;
+
+-- cancel_task --
+-- Park the task for good: a non-null dead_letter_reason keeps it out of idx_tasks_claim (a
+-- dead-lettered task keeps its reason, so a requeue still knows where it came from).
+UPDATE tasks
+SET dead_letter_reason = coalesce(dead_letter_reason, 'cancelled'),
+    next_eligible_at_ms = :next_eligible_at_ms,
+    cancelled_at_ms = :now,
+    cancel_reason = :reason,
+    updated_at_ms = :now
+WHERE id = :id AND cancelled_at_ms IS NULL;
+
+-- requeue_task --
+-- Claimable now in :stage: no dead-letter or cancellation, no retry delay; with :reset, the
+-- failed attempts so far no longer count against max_attempts.
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    cancelled_at_ms = NULL,
+    cancel_reason = NULL,
+    failures_forgiven = CASE
+        WHEN :reset THEN (
+            SELECT count(*) FROM runs WHERE task_id = :id AND status IN ('failed', 'stale')
+        )
+        ELSE failures_forgiven
+    END,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- task_cancellation --
+SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
+
+-- live_lease_of_task --
+-- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
+SELECT l.id, l.run_id, l.expires_at_ms
+FROM runs AS r
+JOIN leases AS l ON l.run_id = r.id
+WHERE r.task_id = :task_id AND r.status = 'running'
+LIMIT 1;
+
+-- run_status --
+SELECT status FROM runs WHERE id = :id;
+
+-- run_status_of_lease --
+SELECT status FROM runs WHERE lease_id = :lease_id;
+
+-- last_dead_letter --
+-- The data of the task's latest dead_letter event: where a dead-letter policy moved it from.
+SELECT e.data_json
+FROM runs AS r
+JOIN events AS e ON e.run_id = r.id
+WHERE r.task_id = :task_id AND e.kind = 'dead_letter'
+ORDER BY e.id DESC
+LIMIT 1;
+
+-- insert_task_event --
+-- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
+INSERT INTO task_events (task_id, ts_ms, kind, data_json)
+VALUES (:task_id, :now, :kind, :data_json)
+RETURNING id;
+
+-- list_task_events --
+SELECT id, task_id, ts_ms, kind, data_json
+FROM task_events
+WHERE task_id = :task_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
 
 -- insert_artifact --
 INSERT INTO artifacts (
@@ -459,7 +584,7 @@ DELETE FROM idempotency_keys WHERE created_at_ms < :before;
 
 -- put_value --
 INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
-VALUES (:namespace, :key, :value_json::jsonb, :now, :now)
+VALUES (:namespace, :key, :value_json, :now, :now)
 ON CONFLICT (namespace, key) DO UPDATE
 SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
 
@@ -513,7 +638,7 @@ FROM store_query(:query) AS q (query)
 JOIN store AS s ON s.search @@ q.query
 CROSS JOIN LATERAL (
     SELECT jsonb_path_query_first(
-        s.value_json, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
+        s.value_json::jsonb, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
     ) AS value
 ) AS f
 WHERE (:namespace::text IS NULL OR s.namespace = :namespace::text)
@@ -615,6 +740,15 @@ ORDER BY id
 LIMIT :limit;
 
 -- The PostgreSQL backend's own statements.
+
+-- notify --
+-- The Notifier's wake-ups (notifier.py), sent with the unit of work's COMMIT: one payload of
+-- "role<TAB>at_ms" lines per unit of work.
+SELECT pg_notify('nulltickets_claimable', :payload);
+
+-- listen --
+-- The Notifier's listening connection, one per process (notifier.py).
+LISTEN nulltickets_claimable;
 
 -- lock_idempotency_key --
 -- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
