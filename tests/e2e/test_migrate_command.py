@@ -5,7 +5,6 @@ SQLite server did, and goes on working (new ids come after the copied ones)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,14 @@ import pytest
 from tests.conftest import unique
 from tests.e2e.test_traces import json_export
 from tests.pgserver import PostgresServer
-from tests.server import PIPELINE, Client, Server
+from tests.server import PIPELINE, Client, Server, server_command
 
 pytestmark = pytest.mark.e2e
 
 
 def migrate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nulltickets.migrate_cli", *args],
+        [*server_command(), "migrate", *args],
         capture_output=True,
         text=True,
         timeout=120,

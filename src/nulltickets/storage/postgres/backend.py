@@ -23,6 +23,7 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     Failure,
+    FeedEvent,
     LeaseRow,
     Pipeline,
     Run,
@@ -40,6 +41,7 @@ from nulltickets.errors import (
     StorageBusy,
     StorageQueryError,
 )
+from nulltickets.storage.backend import StageBoardRow
 from nulltickets.storage.queries import load_queries
 
 Q = load_queries("nulltickets.storage.postgres", "queries.sql", "pyformat")
@@ -700,6 +702,34 @@ class PostgresBackend:
         return [_span(r) for r in rows]
 
     # --- health --------------------------------------------------------------------------------
+
+    def engine(self) -> tuple[str, str, list[str]]:
+        return "postgresql", str(self.conn.info.server_version), []
+
+    def events_feed(self, after_id: int, limit: int, task_id: str | None = None) -> list[FeedEvent]:
+        params = {"after_id": after_id, "limit": limit, "task_id": task_id}
+        return [
+            FeedEvent(r[0], r[1], r[2], r[3], r[4], r[5], Raw(r[6]))
+            for r in self._all("events_feed", params)
+        ]
+
+    def last_event_id(self) -> int:
+        return int(self._value("last_event_id", {}))
+
+    def event_kinds_since(self, after_id: int) -> list[tuple[str, int, int]]:
+        rows = self._all("event_kinds_since", {"after_id": after_id})
+        return [(str(k), int(n), int(m)) for k, n, m in rows]
+
+    def stage_board(self, now: int) -> list[StageBoardRow]:
+        return [
+            (r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]),
+             int(r[9]))
+            for r in self._all("stage_board", {"now": now})
+        ]  # fmt: skip
+
+    def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
+        rows = self._all("transitions_since", {"since": since, "window": window})
+        return [(int(m), int(n)) for m, n in rows]
 
     def tasks_by_stage(self) -> list[StageCount]:
         return [StageCount(r[0], int(r[1])) for r in self._all("tasks_by_stage")]

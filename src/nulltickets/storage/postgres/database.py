@@ -241,6 +241,10 @@ class PostgresDatabase:
                 pool.close()
         self._read_pool = self._write_pool = None
 
+    def stats(self) -> dict[str, float]:
+        """The figures /metrics shows for this process: the units of work retried."""
+        return {"retries": float(self.retries)}
+
     def schema_version(self) -> tuple[int, int]:
         latest = len(migrations())
         with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
@@ -287,7 +291,8 @@ class PostgresDatabase:
                         raise
                     committing = True
                     conn.commit()
-                    return result
+                self._notifier.committed()
+                return result
             except BaseException as exc:
                 if _retryable_race(exc) and races < RACE_RETRIES:
                     races += 1

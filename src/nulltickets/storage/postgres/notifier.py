@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -51,6 +51,7 @@ class PostgresNotifier:
     def __init__(self, url: str) -> None:
         self.url = url
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
+        self._on_commit: list[tuple[Callable[[], None], asyncio.AbstractEventLoop | None]] = []
         self._waiting = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,6 +76,27 @@ class PostgresNotifier:
             with contextlib.suppress(RuntimeError):
                 loop = asyncio.get_running_loop()
         self._subscribers.append((callback, loop))
+
+    def on_commit(
+        self, callback: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        """Called after each write this process commits (PostgresDatabase calls `committed`)
+        and after every notification from any server, so streams also see other servers'
+        work that woke a role; work of other servers that notified nobody (a run event) is
+        seen at this process's next commit or notification."""
+        if loop is None:
+            with contextlib.suppress(RuntimeError):
+                loop = asyncio.get_running_loop()
+        self._on_commit.append((callback, loop))
+
+    def committed(self) -> None:
+        """After a unit of work of this process committed (on the committing thread)."""
+        for hook, loop in list(self._on_commit):
+            if loop is None:
+                hook()
+            elif not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(hook)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -128,6 +150,7 @@ class PostgresNotifier:
     def _deliver(self, wakes: list[tuple[str, int]]) -> None:
         if not wakes:
             return
+        self.committed()  # another server's commit: event streams read what it added
         for callback, loop in list(self._subscribers):
             if loop is None:
                 for role, at_ms in wakes:
