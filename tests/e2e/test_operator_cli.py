@@ -252,11 +252,11 @@ def test_requeue_of_an_unknown_task_is_one_line(shared_server: Server, tmp_path:
 # --- runs tail ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
 def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@contextlib.contextmanager
 def tailing(server: Server, run_id: str, home: Path) -> Iterator[subprocess.Popen[str]]:
     """`nulltickets runs tail RUN_ID --json` in the background; killed at the end if still on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NULLTICKETS_")}
