@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	touch $@
 
 # PostgreSQL from the distribution's packages, for the tests that start their own server
-# (tests/pgserver.py); a no-op once pg_ctl is there.
+# (benchmarks/pgcluster.py); a no-op once pg_ctl is there.
 postgres:
 	@bash scripts/postgres.sh install
 
