@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres test-tools browser run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck clean bench bench-quick bench-postgres binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -50,10 +50,19 @@ typecheck: install
 clean:
 	rm -rf $(VENV) build/lib dist *.egg-info src/*.egg-info .pytest_cache
 
-bench: install
-	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md
+# The revision whose SQLite cycle rows `make bench` measures beside this tree's, interleaved
+# (benchmarks/baseline.py): main just before the storage seam and PostgreSQL. Empty: none.
+BENCH_BASELINE ?= ea98929
 
-bench-quick: install
+# PostgreSQL for the benchmark's postgres rows; when it cannot be installed, those rows say so.
+bench-postgres:
+	@bash scripts/postgres.sh install || echo "PostgreSQL not installed: the postgres rows will say so"
+
+bench: install bench-postgres
+	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md \
+		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+
+bench-quick: install bench-postgres
 	$(PY) -m benchmarks --quick --out bench-results.json
 
 # The long versions of the reliability suites (tests/reliability): 25 kill/restart cycles, minutes
