@@ -37,7 +37,10 @@ class BaselineError(Exception):
 
 
 def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    except OSError as exc:  # no git at all
+        raise BaselineError(f"git {args[0]}: {exc}") from None
     if done.returncode != 0:
         detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise BaselineError(f"git {args[0]}: {detail[-1] if detail else done.returncode}")
