@@ -103,7 +103,7 @@ from nulltickets.errors import (
     Unauthorized,
 )
 from nulltickets.storage.backend import Backend, StageBoardRow
-from nulltickets.storage.ports import Database, Notifier
+from nulltickets.storage.ports import Database, Notifier, StorageStats
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
@@ -1499,8 +1499,9 @@ class Service:
 
         return await self._read(job)
 
-    def storage_stats(self) -> dict[str, float]:
-        """This process's storage figures (writer batches, WAL size ...): see Database.stats."""
+    def storage_stats(self) -> StorageStats:
+        """This process's storage figures and timings (writer batches, WAL size, commit
+        durations ...): see Database.stats."""
         return self.db.stats()
 
     async def reap_expired(self) -> int:

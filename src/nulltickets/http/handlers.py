@@ -290,12 +290,24 @@ async def unassign(ctx: Context, req: Request) -> Reply:
 async def claim(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.Claim, req.body)
     wait_ms = max(0, min(command.wait_ms or 0, cmd.MAX_WAIT_MS))
-    service = ctx.service
+    metrics = ctx.metrics
     if not wait_ms:
-        return respond(await service.claim(command, idem(req)))
-    # Long poll: try, and while nothing is claimable wait for a wake-up of this role.
+        reply = respond(await ctx.service.claim(command, idem(req)))
+        if metrics is not None:
+            metrics.claimed(reply.status, None)
+        return reply
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_ms / 1000
+    started = loop.time()
+    reply = await _long_poll(ctx, req, command, started + wait_ms / 1000)
+    if metrics is not None:
+        metrics.claimed(reply.status, loop.time() - started)
+    return reply
+
+
+async def _long_poll(ctx: Context, req: Request, command: cmd.Claim, deadline: float) -> Reply:
+    """Try, and while nothing is claimable wait for a wake-up of the role until `deadline`."""
+    service = ctx.service
+    loop = asyncio.get_running_loop()
     role = command.agent_role
     with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
         while True:
