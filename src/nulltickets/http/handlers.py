@@ -210,7 +210,15 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
         after=after,
         limit=limit,
         agent_role=q.get("role"),
+        text=q.get("q"),
     )
+    return ok(200, _page(items, cursor))
+
+
+async def list_task_runs(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    after = req.event_cursor("an attempt number")
+    items, cursor = await ctx.service.list_task_runs(req.params["id"], after, limit)
     return ok(200, _page(items, cursor))
 
 
@@ -463,6 +471,12 @@ async def delete_value(ctx: Context, req: Request) -> Reply:
     return respond(await ctx.service.delete_value(namespace, key, idem(req)))
 
 
+async def list_namespaces(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    items, cursor = await ctx.service.list_namespaces(req.query.get("cursor", ""), limit)
+    return ok(200, _page(items, cursor))
+
+
 async def list_namespace(ctx: Context, req: Request) -> Reply:
     return ok(200, await ctx.service.list_namespace(req.params["namespace"]))
 
@@ -496,6 +510,10 @@ async def queue_report(ctx: Context, req: Request) -> Reply:
 
 async def stage_report(ctx: Context, req: Request) -> Reply:
     return ok(200, await ctx.service.stage_report())
+
+
+async def retry_report(ctx: Context, req: Request) -> Reply:
+    return ok(200, await ctx.service.retry_report(req.limit(100)))
 
 
 # --- traces ------------------------------------------------------------------------------------

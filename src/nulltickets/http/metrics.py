@@ -276,9 +276,9 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
         if figure is not None:
             out.one(metric, kind, help_text, figure)
     for key, (metric, help_text) in STORAGE_HISTOGRAMS.items():
-        hist = stats.histograms.get(key)
-        if hist is not None:
+        timing = stats.histograms.get(key)
+        if timing is not None:
             out.family(metric, "histogram", help_text)
-            out.histogram(metric, hist)
+            out.histogram(metric, timing)
     out.lines.append("")
     return web(200, "\n".join(out.lines), PROMETHEUS)
