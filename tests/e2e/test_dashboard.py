@@ -3,6 +3,7 @@ session cookie, the CSRF defence, and GET /ops/stages, which the overview draws.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from nulltickets import aclient
+from nulltickets import client as pyclient
 from tests.conftest import claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Server
 
@@ -322,3 +325,39 @@ def test_namespaces_are_listed_with_their_key_counts(client: Client) -> None:
     everything = client.get("/namespaces?limit=1000").json["items"]
     assert {n["namespace"] for n in everything} >= set(names) or len(everything) == 1000
     assert client.get("/namespaces?limit=5000").error_code == "invalid_limit"
+
+
+def test_the_python_clients_call_the_dashboards_routes(shared_server: Server) -> None:
+    c = shared_server.client()
+    pipeline_id, coder, _ = pipeline_with_roles(c)
+    word = unique("Needle").replace("-", "")
+    task_id = make_task(
+        c,
+        pipeline_id,
+        title=f"find the {word}",
+        retry_policy={"retry_delay_ms": 600_000, "max_attempts": 3},
+    )
+    lease = claimed(c, coder, agent="agent-py")
+    r = c.post(f"/runs/{lease['run']['id']}/fail", {"error": "later"}, token=lease["lease_token"])
+    assert r.status == 200, r.body
+    ns = unique("py-ns")
+    assert c.put(f"/store/{ns}/k", {"value": 1}).status == 204
+    c.close()
+    with pyclient.Client(shared_server.base) as api:
+        assert [t.id for t in api.list_tasks(text=word.lower()).items] == [task_id]
+        [run] = api.list_task_runs(task_id).items
+        assert (run.agent_id, run.status, run.error) == ("agent-py", "failed", "later")
+        waiting = [w for w in api.retry_report(limit=1000).items if w.task_id == task_id]
+        assert [w.error for w in waiting] == ["later"]
+        page = api.list_namespaces(limit=1, cursor=ns[:-1])
+        assert [(n.namespace, n.keys) for n in page.items] == [(ns, 1)]
+
+    async def from_async() -> tuple[list[str], list[str | None]]:
+        async with aclient.AsyncClient(shared_server.base) as api:
+            tasks = await api.list_tasks(text=word.upper(), pipeline_id=pipeline_id)
+            runs = await api.list_task_runs(task_id, limit=1)
+            await api.retry_report()
+            await api.list_namespaces()
+            return [t.id for t in tasks.items], [r.agent_id for r in runs.items]
+
+    assert asyncio.run(from_async()) == ([task_id], ["agent-py"])
