@@ -57,9 +57,11 @@ from nulltickets.domain.model import (
     Dependency,
     EventPage,
     Health,
+    NamespacePage,
     Pipeline,
     QueueReport,
     Released,
+    RetryReport,
     SearchHit,
     SpanPage,
     StageReport,
@@ -68,6 +70,7 @@ from nulltickets.domain.model import (
     TaskDetails,
     TaskEventPage,
     TaskPage,
+    TaskRunPage,
     TraceIngest,
     TransitionResult,
 )
@@ -333,13 +336,27 @@ class Calls:
         stage: str | None = None,
         pipeline_id: str | None = None,
         role: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Call[TaskPage]:
         path = _query(
-            "/tasks", stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+            "/tasks",
+            stage=stage,
+            pipeline_id=pipeline_id,
+            role=role,
+            q=text,
+            limit=limit,
+            cursor=cursor,
         )
         return Call("GET", path, _as(TaskPage), repeatable=True)
+
+    @staticmethod
+    def list_task_runs(
+        task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Call[TaskRunPage]:
+        path = _query(f"/tasks/{_seg(task_id)}/runs", limit=limit, cursor=cursor)
+        return Call("GET", path, _as(TaskRunPage), repeatable=True)
 
     @staticmethod
     def get_task(task_id: str) -> Call[TaskDetails]:
@@ -650,6 +667,17 @@ class Calls:
     @staticmethod
     def stage_report() -> Call[StageReport]:
         return Call("GET", "/ops/stages", _as(StageReport), repeatable=True)
+
+    @staticmethod
+    def retry_report(*, limit: int | None = None) -> Call[RetryReport]:
+        return Call("GET", _query("/ops/retrying", limit=limit), _as(RetryReport), repeatable=True)
+
+    @staticmethod
+    def list_namespaces(
+        *, limit: int | None = None, cursor: str | None = None
+    ) -> Call[NamespacePage]:
+        path = _query("/namespaces", limit=limit, cursor=cursor)
+        return Call("GET", path, _as(NamespacePage), repeatable=True)
 
     @staticmethod
     def metrics() -> Call[str]:
@@ -1042,14 +1070,27 @@ class Client:
         stage: str | None = None,
         pipeline_id: str | None = None,
         role: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> TaskPage:
+        """`text`: only tasks whose title or id contains it (any case)."""
         return self.run(
             Calls.list_tasks(
-                stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+                stage=stage,
+                pipeline_id=pipeline_id,
+                role=role,
+                text=text,
+                limit=limit,
+                cursor=cursor,
             )
         )
+
+    def list_task_runs(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskRunPage:
+        """Every run of the task, oldest attempt first, with its agent and error."""
+        return self.run(Calls.list_task_runs(task_id, limit=limit, cursor=cursor))
 
     def get_task(self, task_id: str) -> TaskDetails:
         return self.run(Calls.get_task(task_id))
@@ -1298,6 +1339,15 @@ class Client:
 
     def stage_report(self) -> StageReport:
         return self.run(Calls.stage_report())
+
+    def retry_report(self, *, limit: int | None = None) -> RetryReport:
+        """Tasks waiting on a retry delay, soonest claimable first."""
+        return self.run(Calls.retry_report(limit=limit))
+
+    def list_namespaces(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> NamespacePage:
+        return self.run(Calls.list_namespaces(limit=limit, cursor=cursor))
 
     def metrics(self) -> str:
         return self.run(Calls.metrics())

@@ -53,9 +53,11 @@ from nulltickets.domain.model import (
     FeedEvent,
     Health,
     LeaseRow,
+    NamespaceSummary,
     Pipeline,
     QueueReport,
     Released,
+    RetryReport,
     RoleQueue,
     Run,
     RunStatus,
@@ -70,6 +72,7 @@ from nulltickets.domain.model import (
     TaskCheckpoint,
     TaskDetails,
     TaskEvent,
+    TaskRun,
     TraceIngest,
     TransitionResult,
 )
@@ -103,7 +106,7 @@ from nulltickets.errors import (
     Unauthorized,
 )
 from nulltickets.storage.backend import Backend, StageBoardRow
-from nulltickets.storage.ports import Database, Notifier
+from nulltickets.storage.ports import Database, Notifier, StorageStats
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
@@ -322,6 +325,7 @@ class Tracker:
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
+        text: str | None = None,
     ) -> tuple[list[Task], str | None]:
         rows = b.list_tasks(
             stage=stage,
@@ -329,8 +333,17 @@ class Tracker:
             after=after,
             limit=limit + 1,
             agent_role=agent_role,
+            text=text or None,
         )
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
+
+    def list_task_runs(
+        self, b: Backend, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskRun], str | None]:
+        if not b.task_exists(task_id):
+            raise NotFound("task not found")
+        rows = b.list_task_runs(task_id, after, limit + 1)
+        return _page(rows, limit, lambda r: str(r.attempt))
 
     def run_state(self, b: Backend, task_id: str) -> str:
         run_id = b.task_run_state(task_id)
@@ -870,6 +883,12 @@ class Tracker:
     def list_namespace(self, b: Backend, namespace: str) -> list[StoreEntry]:
         return b.list_namespace(namespace)
 
+    def list_namespaces(
+        self, b: Backend, after: str, limit: int
+    ) -> tuple[list[NamespaceSummary], str | None]:
+        rows = b.list_namespaces(after, limit + 1)
+        return _page(rows, limit, lambda n: n.namespace)
+
     def delete_namespace(self, b: Backend, namespace: str) -> None:
         b.delete_namespace(namespace)
 
@@ -941,6 +960,9 @@ class Tracker:
             q.stuck_count += stuck
             q.near_expiry_leases += near
         return QueueReport(list(roles.values()), now)
+
+    def retry_report(self, b: Backend, now: int, limit: int) -> RetryReport:
+        return RetryReport(b.retry_waiting(now, limit), now)
 
     def stage_report(self, b: Backend, now: int) -> StageReport:
         stages = [
@@ -1119,6 +1141,7 @@ class Service:
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
+        text: str | None = None,
     ) -> tuple[list[Task], str | None]:
         return await self._read(
             lambda b: self.tracker.list_tasks(
@@ -1128,8 +1151,14 @@ class Service:
                 after=after,
                 limit=limit,
                 agent_role=agent_role,
+                text=text,
             )
         )
+
+    async def list_task_runs(
+        self, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskRun], str | None]:
+        return await self._read(lambda b: self.tracker.list_task_runs(b, task_id, after, limit))
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self._read(lambda b: self.tracker.get_task(b, task_id))
@@ -1406,6 +1435,11 @@ class Service:
     async def list_namespace(self, namespace: str) -> list[StoreEntry]:
         return await self._read(lambda b: self.tracker.list_namespace(b, namespace))
 
+    async def list_namespaces(
+        self, after: str, limit: int
+    ) -> tuple[list[NamespaceSummary], str | None]:
+        return await self._read(lambda b: self.tracker.list_namespaces(b, after, limit))
+
     async def delete_namespace(self, namespace: str, idem: Idem | None = None) -> Written[None]:
         t = self.tracker
 
@@ -1471,6 +1505,10 @@ class Service:
         now = self.clock()
         return await self._read(lambda b: self.tracker.stage_report(b, now))
 
+    async def retry_report(self, limit: int) -> RetryReport:
+        now = self.clock()
+        return await self._read(lambda b: self.tracker.retry_report(b, now, limit))
+
     # --- the event stream and metrics ----------------------------------------------------------
 
     async def events_feed(
@@ -1499,8 +1537,9 @@ class Service:
 
         return await self._read(job)
 
-    def storage_stats(self) -> dict[str, float]:
-        """This process's storage figures (writer batches, WAL size ...): see Database.stats."""
+    def storage_stats(self) -> StorageStats:
+        """This process's storage figures and timings (writer batches, WAL size, commit
+        durations ...): see Database.stats."""
         return self.db.stats()
 
     async def reap_expired(self) -> int:

@@ -232,3 +232,116 @@ def test_log_in_with_the_token_and_be_refused_without_it(
     finally:
         driver.delete_all_cookies()
         secured.stop()
+
+
+def test_the_run_timeline_names_the_agent_of_every_run(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    task_id = make_task(api, pipeline_id, retry_policy={"max_attempts": 5})
+    first = claimed(api, coder, agent="agent-first")
+    r = api.post(f"/runs/{first['run']['id']}/fail", {"error": "flaky"}, token=first["lease_token"])
+    assert r.status == 200, r.body
+    second = claimed(api, coder, agent="agent-second")
+    assert second["task"]["id"] == task_id
+    visit(driver, server, f"/ui/task/{task_id}")
+    # Read in one script: the page redraws as the stream replays the task's events.
+    read = (
+        "return [...document.querySelectorAll('.run')].map((r) => "
+        "[r.dataset.run, r.querySelector('h3 .agent').textContent, r.textContent]);"
+    )
+    expected = [
+        [first["run"]["id"], "agent-first"],
+        [second["run"]["id"], "agent-second"],
+    ]
+    runs = wait(driver).until(
+        lambda d: (found := d.execute_script(read)) and [f[:2] for f in found] == expected and found
+    )
+    assert "claimed by agent-first" in runs[0][2] and "flaky" in runs[0][2]
+
+
+def test_the_task_list_filters_by_text_across_pages(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, _, _ = pipeline_with_roles(api)
+    word = unique("Lexer").replace("-", "")
+    # Matches far apart: a filter of the page at hand would find only the first of them.
+    first = make_task(api, pipeline_id, title=f"Write the {word}")
+    for _ in range(3):
+        make_task(api, pipeline_id, title="unrelated")
+    second = make_task(api, pipeline_id, title=f"Test the {word.upper()}")
+    third = make_task(api, pipeline_id, title=f"Ship the {word}")
+    visit(driver, server, f"/ui/tasks?pipeline_id={pipeline_id}&limit=2")
+    form = driver.find_element(By.CSS_SELECTOR, "form.filters")
+    form.find_element(By.NAME, "q").send_keys(word.lower())
+    form.find_element(By.CSS_SELECTOR, "button").click()
+    wait(driver).until(ec.url_contains("q="))
+    wait(driver).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-ready"))
+
+    def listed() -> list[str | None]:
+        rows = driver.find_elements(By.CSS_SELECTOR, "#task-list tbody tr")
+        return [row.get_attribute("data-task") for row in rows]
+
+    assert listed() == [first, second]
+    assert driver.find_element(By.NAME, "q").get_attribute("value") == word.lower()
+    driver.find_element(By.ID, "next-page").click()
+    wait(driver).until(ec.url_contains("cursor="))
+    wait(driver).until(lambda d: listed() == [third])
+    assert not driver.find_elements(By.ID, "next-page")
+
+
+def test_the_failures_page_lists_retry_waits_with_requeue_and_cancel(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    retry = {"retry_delay_ms": 3_600_000, "max_attempts": 5}
+    waiting = []
+    for error in ("rate limited", "upstream timeout"):
+        task_id = make_task(api, pipeline_id, retry_policy=retry)
+        lease = claimed(api, coder)
+        assert lease["task"]["id"] == task_id
+        r = api.post(
+            f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"]
+        )
+        assert r.status == 200, r.body
+        waiting.append(task_id)
+    visit(driver, server, "/ui/failures")
+    rows = {
+        row.get_attribute("data-task"): row
+        for row in driver.find_elements(By.CSS_SELECTOR, "#retrying tbody tr")
+    }
+    assert set(waiting) <= set(rows)
+    assert "rate limited" in rows[waiting[0]].find_element(By.CLASS_NAME, "error-text").text
+    eligible = rows[waiting[1]].find_element(By.CLASS_NAME, "eligible")
+    [item] = [x for x in api.get("/ops/retrying").json["items"] if x["task_id"] == waiting[1]]
+    assert eligible.get_attribute("data-at") == str(item["next_eligible_at_ms"])
+    assert "(in " in eligible.text
+    rows[waiting[0]].find_element(By.CSS_SELECTOR, "button.requeue").click()
+    gone = f"#retrying tr[data-task='{waiting[0]}']"
+    wait(driver).until(lambda d: not d.find_elements(By.CSS_SELECTOR, gone))
+    assert claimed(api, coder)["task"]["id"] == waiting[0]  # claimable at once
+    driver.find_element(
+        By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}'] button.cancel"
+    ).click()
+    dead = f"#failures tr[data-task='{waiting[1]}']"
+    wait(driver).until(ec.presence_of_element_located((By.CSS_SELECTOR, dead)))
+    assert not driver.find_elements(By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}']")
+    assert api.get(f"/tasks/{waiting[1]}").json["cancelled_at_ms"]
+
+
+def test_the_store_page_lists_namespaces_and_their_keys(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    ns = unique("aaa-shelf")
+    for key in ("one", "two"):
+        assert api.put(f"/store/{ns}/{key}", {"value": {"key": key}}).status == 204
+    visit(driver, server, "/ui/store")
+    row = driver.find_element(By.CSS_SELECTOR, f"#namespaces tr[data-namespace='{ns}']")
+    assert row.find_element(By.CSS_SELECTOR, "td.num").text == "2"
+    row.find_element(By.LINK_TEXT, ns).click()
+    wait(driver).until(ec.url_contains("namespace="))
+    wait(driver).until(ec.presence_of_element_located((By.ID, "keys")))
+    keys = driver.find_elements(By.CSS_SELECTOR, "#keys tbody tr code")
+    assert [k.text for k in keys][::2] == ["one", "two"]
+    chosen = driver.find_element(By.CSS_SELECTOR, "#namespaces tr.chosen")
+    assert chosen.get_attribute("data-namespace") == ns

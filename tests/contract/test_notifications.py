@@ -80,8 +80,13 @@ def test_every_commit_reaches_on_commit_even_one_that_notifies_no_role(
 
 def test_stats_are_numbers_by_name(service: Service) -> None:
     make_pipeline(service)
-    stats = service.storage_stats()
+    found = service.storage_stats()
+    stats = found.figures
     assert all(isinstance(k, str) and isinstance(v, int | float) for k, v in stats.items())
+    commits, _ = found.histograms["commit_duration_seconds"].snapshot()
+    assert sum(commits) >= 1  # every backend times its commits
     if service.db.capabilities.group_commit:  # SQLite's writer counts its batches
         assert stats["writer_batches"] >= 1
         assert stats["writer_jobs"] >= stats["writer_batches"]
+        sizes, total = found.histograms["writer_batch_size"].snapshot()
+        assert (sum(sizes), total) == (stats["writer_batches"], stats["writer_jobs"])

@@ -3,6 +3,7 @@ session cookie, the CSRF defence, and GET /ops/stages, which the overview draws.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from nulltickets import aclient
+from nulltickets import client as pyclient
 from tests.conftest import claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Server
 
@@ -227,3 +230,134 @@ def test_stages_count_each_task_in_the_state_it_is_in(client: Client) -> None:
     assert (todo["blocked"], todo["dead_lettered"], todo["cancelled"]) == (1, 0, 1)
     assert todo["oldest_claimable_age_ms"] >= 0
     assert len(report["transitions_per_minute"]) == 60
+
+
+# --- what the other pages read -------------------------------------------------------------
+
+
+def test_task_runs_list_every_attempt_with_its_agent_and_error(client: Client) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id, retry_policy={"max_attempts": 5})
+    first = claimed(client, coder, agent="agent-one")
+    r = client.post(
+        f"/runs/{first['run']['id']}/fail", {"error": "boom"}, token=first["lease_token"]
+    )
+    assert r.status == 200, r.body
+    second = claimed(client, coder, agent="agent-two")
+    assert second["task"]["id"] == task_id
+    runs = client.get(f"/tasks/{task_id}/runs").json
+    assert runs["next_cursor"] is None
+    assert [(x["attempt"], x["agent_id"], x["agent_role"]) for x in runs["items"]] == [
+        (1, "agent-one", coder),
+        (2, "agent-two", coder),
+    ]
+    assert [(x["status"], x["error"]) for x in runs["items"]] == [
+        ("failed", "boom"),
+        ("running", None),
+    ]
+    assert runs["items"][0]["id"] == first["run"]["id"]
+    page = client.get(f"/tasks/{task_id}/runs?limit=1").json
+    assert [x["agent_id"] for x in page["items"]] == ["agent-one"]
+    rest = client.get(f"/tasks/{task_id}/runs?limit=1&cursor={page['next_cursor']}").json
+    assert [x["agent_id"] for x in rest["items"]] == ["agent-two"]
+    assert client.get(f"/tasks/{unique('nope')}/runs").error_code == "not_found"
+    assert client.get(f"/tasks/{task_id}/runs?cursor=x").error_code == "invalid_cursor"
+
+
+def test_tasks_filter_by_text_in_the_title_or_id(client: Client) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    word = unique("Parser").replace("-", "")
+    wanted = [make_task(client, pipeline_id, title=f"Write the {word} {i}") for i in range(3)]
+    make_task(client, pipeline_id, title="something else")
+    q = word.lower()
+
+    def ids(query: str) -> tuple[list[str], str | None]:
+        r = client.get("/tasks?" + query)
+        assert r.status == 200, r.body
+        return [t["id"] for t in r.json["items"]], r.json["next_cursor"]
+
+    assert ids(f"q={q}")[0] == wanted
+    assert ids(f"q={q}&pipeline_id={pipeline_id}&stage=todo&role={coder}")[0] == wanted
+    assert ids(f"q={q}&stage=review")[0] == []
+    assert ids(f"q={q}&role={unique('nobody')}")[0] == []
+    assert ids(f"q={wanted[1][-10:]}")[0] == [wanted[1]]  # a piece of the id
+    first, cursor = ids(f"q={q}&limit=2")
+    assert first == wanted[:2] and cursor
+    assert ids(f"q={q}&limit=2&cursor={cursor}") == (wanted[2:], None)
+
+
+def test_retrying_lists_the_tasks_waiting_on_a_retry_delay(client: Client) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    retry = {"retry_delay_ms": 600_000, "max_attempts": 5}
+    delayed = make_task(client, pipeline_id, priority=5, retry_policy=retry)
+    make_task(client, pipeline_id)  # claimable: not waiting
+    lease = claimed(client, coder, agent="agent-r")
+    assert lease["task"]["id"] == delayed
+    r = client.post(
+        f"/runs/{lease['run']['id']}/fail", {"error": "rate limited"}, token=lease["lease_token"]
+    )
+    assert r.status == 200, r.body
+    report = client.get("/ops/retrying").json
+    [item] = [x for x in report["items"] if x["pipeline_id"] == pipeline_id]
+    assert (item["task_id"], item["stage"], item["attempt"]) == (delayed, "todo", 1)
+    assert (item["status"], item["error"]) == ("failed", "rate limited")
+    assert item["next_eligible_at_ms"] > report["generated_at_ms"]
+    assert item["failed_at_ms"] <= report["generated_at_ms"]
+    assert client.get("/ops/retrying?limit=0").error_code == "invalid_limit"
+    assert client.post(f"/tasks/{delayed}/requeue", {}).status == 200
+    report = client.get("/ops/retrying").json
+    assert [x for x in report["items"] if x["task_id"] == delayed] == []
+
+
+def test_namespaces_are_listed_with_their_key_counts(client: Client) -> None:
+    prefix = unique("zz-ns")
+    names = [f"{prefix}-a", f"{prefix}-b"]
+    for key in ("k1", "k2", "k3"):
+        assert client.put(f"/store/{names[0]}/{key}", {"value": key}).status == 204
+    assert client.put(f"/store/{names[1]}/only", {"value": 1}).status == 204
+    # Namespaces by name, after the cursor: the prefix sorts right before this test's two.
+    page = client.get(f"/namespaces?limit=1&cursor={prefix}").json
+    assert [(n["namespace"], n["keys"]) for n in page["items"]] == [(names[0], 3)]
+    assert page["items"][0]["updated_at_ms"] > 0
+    assert page["next_cursor"] == names[0]
+    page = client.get(f"/namespaces?limit=1&cursor={page['next_cursor']}").json
+    assert [(n["namespace"], n["keys"]) for n in page["items"]] == [(names[1], 1)]
+    everything = client.get("/namespaces?limit=1000").json["items"]
+    assert {n["namespace"] for n in everything} >= set(names) or len(everything) == 1000
+    assert client.get("/namespaces?limit=5000").error_code == "invalid_limit"
+
+
+def test_the_python_clients_call_the_dashboards_routes(shared_server: Server) -> None:
+    c = shared_server.client()
+    pipeline_id, coder, _ = pipeline_with_roles(c)
+    word = unique("Needle").replace("-", "")
+    task_id = make_task(
+        c,
+        pipeline_id,
+        title=f"find the {word}",
+        retry_policy={"retry_delay_ms": 600_000, "max_attempts": 3},
+    )
+    lease = claimed(c, coder, agent="agent-py")
+    r = c.post(f"/runs/{lease['run']['id']}/fail", {"error": "later"}, token=lease["lease_token"])
+    assert r.status == 200, r.body
+    ns = unique("py-ns")
+    assert c.put(f"/store/{ns}/k", {"value": 1}).status == 204
+    c.close()
+    with pyclient.Client(shared_server.base) as api:
+        assert [t.id for t in api.list_tasks(text=word.lower()).items] == [task_id]
+        [run] = api.list_task_runs(task_id).items
+        assert (run.agent_id, run.status, run.error) == ("agent-py", "failed", "later")
+        waiting = [w for w in api.retry_report(limit=1000).items if w.task_id == task_id]
+        assert [w.error for w in waiting] == ["later"]
+        page = api.list_namespaces(limit=1, cursor=ns[:-1])
+        assert [(n.namespace, n.keys) for n in page.items] == [(ns, 1)]
+
+    async def from_async() -> tuple[list[str], list[str | None]]:
+        async with aclient.AsyncClient(shared_server.base) as api:
+            tasks = await api.list_tasks(text=word.upper(), pipeline_id=pipeline_id)
+            runs = await api.list_task_runs(task_id, limit=1)
+            await api.retry_report()
+            await api.list_namespaces()
+            return [t.id for t in tasks.items], [r.agent_id for r in runs.items]
+
+    assert asyncio.run(from_async()) == ([task_id], ["agent-py"])

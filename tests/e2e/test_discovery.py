@@ -227,7 +227,8 @@ def test_the_dashboard_is_not_part_of_the_documented_api(client: Client) -> None
     paths = client.get("/openapi.json").json["paths"]
     assert client.get("/ui/").status == 200  # served, but not documented
     assert [p for p in paths if p == "/" or p == "/ui" or p.startswith("/ui/")] == []
-    assert {"/events/stream", "/metrics", "/ops/stages"} <= set(paths)
+    assert {"/events/stream", "/metrics", "/ops/stages", "/ops/retrying"} <= set(paths)
+    assert {"/tasks/{id}/runs", "/namespaces"} <= set(paths)
 
 
 # --- unknown paths and methods -----------------------------------------------------------------

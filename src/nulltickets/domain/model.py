@@ -59,6 +59,50 @@ class Run(Struct):
     ended_at_ms: int | None
 
 
+class TaskRun(Run):
+    """A run as GET /tasks/{id}/runs lists it: with the error its agent reported, if any."""
+
+    error: str | None = None
+
+
+class TaskRunPage(Struct):
+    items: list[TaskRun]
+    next_cursor: str | None
+
+
+class RetryWaiting(Struct):
+    """A task waiting on a retry delay: claimable again at `next_eligible_at_ms`, with its
+    latest failed (or stale) attempt, `error` being what that run reported."""
+
+    task_id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    next_eligible_at_ms: int
+    attempt: int | None
+    status: str | None
+    error: str | None
+    failed_at_ms: int | None
+
+
+class RetryReport(Struct):
+    items: list[RetryWaiting]
+    generated_at_ms: int
+
+
+class NamespaceSummary(Struct):
+    """A namespace of the shared store: how many keys it holds, when one last changed."""
+
+    namespace: str
+    keys: int
+    updated_at_ms: int
+
+
+class NamespacePage(Struct):
+    items: list[NamespaceSummary]
+    next_cursor: str | None
+
+
 class Dependency(Struct):
     depends_on_task_id: str
     resolved: bool

@@ -1,7 +1,9 @@
 """GET /metrics: the Prometheus text format (version 0.0.4), written here without a library.
 
 The request path only increments integers: one dict entry per (method, route, status) and one
-histogram per route, its bucket found by bisect. Everything else is read when Prometheus
+histogram per route, its bucket found by bisect; a claim also counts its outcome and, for a
+long poll, how long it waited (on the loop's thread: no lock). The storage backend times its
+commits and checkpoints the same way (Database.stats). Everything else is read when Prometheus
 scrapes: the queue per role and stage from the database, leases, waiters and streams from the
 process, the run events since the previous scrape by kind (counters of transitions, retries,
 dead letters, expiries, releases, checkpoints), the writer's batch counts and the WAL's size.
@@ -10,10 +12,10 @@ On PostgreSQL the per-process figures are this process's and the queue figures t
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from nulltickets import __version__, core
+from nulltickets.domain.stats import Histogram
 from nulltickets.http.request import Request
 from nulltickets.http.response import PROMETHEUS, web
 from nulltickets.service import Recorded as Reply
@@ -39,7 +41,6 @@ BUCKETS = (
     10.0,
     30.0,
 )
-_LE = (*(repr(b) for b in BUCKETS), "+Inf")
 
 # Run event kinds with a counter of their own (the rest count under run_events_total only).
 EVENT_COUNTERS = {
@@ -55,29 +56,40 @@ EVENT_COUNTERS = {
 }
 
 
-class _Histogram:
-    __slots__ = ("counts", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BUCKETS) + 1)
-        self.total = 0.0
+CLAIM_RESULTS = {200: "hit", 204: "empty"}
 
 
 class Metrics:
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, int], int] = {}
-        self.latency: dict[tuple[str, str], _Histogram] = {}
+        self.latency: dict[tuple[str, str], Histogram] = {}
         self.events: dict[str, int] = {}
         self.event_cursor: int | None = None  # the newest event id counted so far
+        # Claims by (result, mode): mode "immediate" (no wait_ms) or "long_poll".
+        self.claims: dict[tuple[str, str], int] = {
+            (r, m): 0 for r in CLAIM_RESULTS.values() for m in ("immediate", "long_poll")
+        }
+        self.claim_wait = {r: Histogram(BUCKETS) for r in CLAIM_RESULTS.values()}
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         key = (method, route, status)
         self.requests[key] = self.requests.get(key, 0) + 1
         hist = self.latency.get((method, route))
         if hist is None:
-            hist = self.latency[(method, route)] = _Histogram()
-        hist.counts[bisect_left(BUCKETS, seconds)] += 1
-        hist.total += seconds
+            hist = self.latency[(method, route)] = Histogram(BUCKETS)
+        hist.observe(seconds)
+
+    def claimed(self, status: int, waited_s: float | None) -> None:
+        """A claim answered `status`; `waited_s`: how long a long poll took to answer (None:
+        the claim did not ask to wait). Errors count only as requests."""
+        result = CLAIM_RESULTS.get(status)
+        if result is None:
+            return
+        if waited_s is None:
+            self.claims[(result, "immediate")] += 1
+            return
+        self.claims[(result, "long_poll")] += 1
+        self.claim_wait[result].observe(waited_s)
 
     def _requests_with(self, method: str, route: str, status: int) -> int:
         return self.requests.get((method, route, status), 0)
@@ -107,6 +119,17 @@ class _Text:
         self.family(name, kind, help_text)
         self.sample(name, value)
 
+    def histogram(self, name: str, hist: Histogram, **labels: str) -> None:
+        """The _bucket, _sum and _count samples of one histogram (its family said before)."""
+        counts, total = hist.snapshot()
+        running = 0
+        for bound, count in zip((*hist.bounds, None), counts, strict=True):
+            running += count
+            le = "+Inf" if bound is None else repr(float(bound))
+            self.sample(f"{name}_bucket", running, _labels(**labels, le=le))
+        self.sample(f"{name}_sum", total, _labels(**labels) if labels else "")
+        self.sample(f"{name}_count", running, _labels(**labels) if labels else "")
+
 
 # Database.stats() figures, where the backend has them: name -> (metric, type, help).
 STORAGE_FIGURES = {
@@ -131,6 +154,22 @@ STORAGE_FIGURES = {
         "WAL checkpoints the writer finished itself (the WAL had grown too large).",
     ),
     "wal_bytes": ("nulltickets_wal_bytes", "gauge", "Size of the SQLite write-ahead log."),
+}
+# Database.stats() histograms, where the backend has them: name -> (metric, help).
+STORAGE_HISTOGRAMS = {
+    "commit_duration_seconds": (
+        "nulltickets_commit_duration_seconds",
+        "Time of each COMMIT of the writer: a group-commit batch on SQLite, a unit of work on "
+        "PostgreSQL.",
+    ),
+    "checkpoint_duration_seconds": (
+        "nulltickets_checkpoint_duration_seconds",
+        "Time of each WAL checkpoint (SQLite), in the background or finished by the writer.",
+    ),
+    "writer_batch_size": (
+        "nulltickets_writer_batch_size",
+        "Writes per committed batch of the SQLite writer's group commit.",
+    ),
 }
 
 
@@ -167,18 +206,24 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
     name = "nulltickets_http_request_duration_seconds"
     out.family(name, "histogram", "Time to answer a request, by route (long-polls included).")
     for (method, route), hist in sorted(m.latency.items()):
-        running = 0
-        for le, count in zip(_LE, hist.counts, strict=True):
-            running += count
-            out.sample(f"{name}_bucket", running, _labels(method=method, route=route, le=le))
-        labels = _labels(method=method, route=route)
-        out.sample(f"{name}_sum", hist.total, labels)
-        out.sample(f"{name}_count", running, labels)
+        out.histogram(name, hist, method=method, route=route)
 
-    claim = ("POST", "/leases/claim")
-    out.family("nulltickets_claims_total", "counter", "Claims that got a task or none.")
-    out.sample("nulltickets_claims_total", m._requests_with(*claim, 200), _labels(result="hit"))
-    out.sample("nulltickets_claims_total", m._requests_with(*claim, 204), _labels(result="empty"))
+    out.family(
+        "nulltickets_claims_total",
+        "counter",
+        "Claims that got a task (hit) or none (empty), immediate or long-polling (wait_ms).",
+    )
+    for (result, mode), n in sorted(m.claims.items()):
+        out.sample("nulltickets_claims_total", n, _labels(result=result, mode=mode))
+    name = "nulltickets_claim_wait_seconds"
+    out.family(
+        name,
+        "histogram",
+        "How long a long-poll claim took to answer, by outcome: hit (got a task) or empty "
+        "(answered 204 when its wait ran out).",
+    )
+    for result, hist in sorted(m.claim_wait.items()):
+        out.histogram(name, hist, outcome=result)
     out.one(
         "nulltickets_run_failures_total",
         "counter",
@@ -227,8 +272,13 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
     out.one("nulltickets_sse_clients", "gauge", "Open event streams.", hub.clients if hub else 0)
 
     for key, (metric, kind, help_text) in STORAGE_FIGURES.items():
-        figure = stats.get(key)
+        figure = stats.figures.get(key)
         if figure is not None:
             out.one(metric, kind, help_text, figure)
+    for key, (metric, help_text) in STORAGE_HISTOGRAMS.items():
+        timing = stats.histograms.get(key)
+        if timing is not None:
+            out.family(metric, "histogram", help_text)
+            out.histogram(metric, timing)
     out.lines.append("")
     return web(200, "\n".join(out.lines), PROMETHEUS)

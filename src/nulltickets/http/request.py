@@ -118,11 +118,11 @@ class Request:
         except ValueError:
             raise InvalidCursor("cursor must look like <created_at_ms>:<id>") from None
 
-    def event_cursor(self) -> int:
+    def event_cursor(self, what: str = "an event id") -> int:
         raw = self.query.get("cursor")
         if raw is None:
             return 0
         try:
             return _int64(raw)
         except ValueError:
-            raise InvalidCursor("cursor must be an event id") from None
+            raise InvalidCursor(f"cursor must be {what}") from None

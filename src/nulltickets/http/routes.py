@@ -187,6 +187,11 @@ ROUTES: tuple[Route, ...] = (
             Query("stage", "Only tasks in this stage."),
             Query("pipeline_id", "Only tasks of this pipeline."),
             Query("role", "Only tasks in stages whose agent_role is this role."),
+            Query(
+                "q",
+                "Only tasks whose title or id contains this text (any case). An addition of "
+                "ours, for the dashboard: it walks the pages until it has found `limit`.",
+            ),
             *PAGE,
         ),
         tag="tasks",
@@ -240,6 +245,18 @@ ROUTES: tuple[Route, ...] = (
         "What operators did to the task (requeued, cancelled), oldest first.",
         response=model.TaskEventPage,
         errors=(e.TaskNotFound, e.InvalidLimit, e.InvalidCursor),
+        query=PAGE,
+        extra=True,
+        tag="tasks",
+    ),
+    Route(
+        "GET",
+        "/tasks/{id}/runs",
+        h.list_task_runs,
+        "Every run of the task, oldest attempt first: who claimed it (agent_id, agent_role), "
+        "when, how it ended and the error it reported.",
+        response=model.TaskRunPage,
+        errors=(e.NotFound, e.InvalidLimit, e.InvalidCursor),
         query=PAGE,
         extra=True,
         tag="tasks",
@@ -517,6 +534,18 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/ops/retrying",
+        h.retry_report,
+        "Tasks waiting on a retry delay, soonest claimable first: when each becomes claimable "
+        "again and its latest failed attempt's error.",
+        response=model.RetryReport,
+        errors=(e.InvalidLimit,),
+        query=(Query("limit", "At most this many tasks, 1..1000 (default 100).", "integer"),),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
         "/events/stream",
         sse.stream,
         "Run events as Server-Sent Events (text/event-stream), live: each `data:` is a "
@@ -560,6 +589,21 @@ ROUTES: tuple[Route, ...] = (
             Query("filter_path", "JSON path into the value, e.g. $.status."),
             Query("filter_value", "Keep values whose filter_path has this text form."),
         ),
+        tag="store",
+    ),
+    Route(
+        "GET",
+        "/namespaces",
+        h.list_namespaces,
+        "The store's namespaces by name, with how many keys each holds and when one last "
+        "changed (not under /store/: GET /store/{namespace} lists a namespace's entries).",
+        response=model.NamespacePage,
+        errors=(e.InvalidLimit,),
+        query=(
+            Query("limit", "Page size, 1..1000 (default 100).", "integer"),
+            Query("cursor", "The next_cursor of the previous page."),
+        ),
+        extra=True,
         tag="store",
     ),
     Route(

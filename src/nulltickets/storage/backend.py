@@ -24,7 +24,9 @@ from nulltickets.domain.model import (
     Failure,
     FeedEvent,
     LeaseRow,
+    NamespaceSummary,
     Pipeline,
+    RetryWaiting,
     Run,
     SearchHit,
     Span,
@@ -33,6 +35,7 @@ from nulltickets.domain.model import (
     StoreEntry,
     Task,
     TaskEvent,
+    TaskRun,
 )
 
 # (pipeline_id, stage, role, claimable, oldest claimable created_at_ms or None, leased,
@@ -94,7 +97,23 @@ class Backend(Protocol):
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
-    ) -> list[Task]: ...
+        text: str | None = None,
+    ) -> list[Task]:
+        """A page of tasks after `after` (created_at_ms, id); `text`: only those whose title or
+        id holds it (any case)."""
+        ...
+
+    def list_task_runs(self, task_id: str, after: int, limit: int) -> list[TaskRun]:
+        """The task's runs after attempt `after`, oldest first."""
+        ...
+
+    def retry_waiting(self, now: int, limit: int) -> list[RetryWaiting]:
+        """Tasks waiting on a retry delay at `now`, soonest claimable first."""
+        ...
+
+    def list_namespaces(self, after: str, limit: int) -> list[NamespaceSummary]:
+        """The store's namespaces after `after`, by name."""
+        ...
 
     def task_run_state(self, id: str) -> str | None: ...
 

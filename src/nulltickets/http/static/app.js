@@ -182,11 +182,10 @@ function state(t) {
 async function tasks() {
   const q = new URLSearchParams(location.search);
   const params = new URLSearchParams();
-  for (const k of ["pipeline_id", "stage", "role", "cursor"]) if (q.get(k)) params.set(k, q.get(k));
+  for (const k of ["pipeline_id", "stage", "role", "q", "cursor"]) if (q.get(k)) params.set(k, q.get(k));
   params.set("limit", q.get("limit") || "50");
   const [pageData, pipelines] = await Promise.all([get("/tasks?" + params), get("/pipelines")]);
-  const text = (q.get("q") || "").toLowerCase();
-  const items = pageData.items.filter((t) => !text || (t.title + " " + t.description + " " + t.id).toLowerCase().includes(text));
+  const items = pageData.items;
   const names = Object.fromEntries(pipelines.map((p) => [p.id, p.name]));
   const field = (name, label, opts) => opts
     ? h("select", { name }, h("option", { value: "" }, label), opts.map(([v, t]) => h("option", { value: v, selected: q.get(name) === v }, t)))
@@ -199,7 +198,8 @@ async function tasks() {
     h("h1", {}, "Tasks"),
     h("form", { class: "filters", method: "get", action: "/ui/tasks" },
       field("pipeline_id", "any pipeline", pipelines.map((p) => [p.id, p.name])),
-      field("stage", "stage"), field("role", "role"), field("q", "text in this page"),
+      field("stage", "stage"), field("role", "role"), field("q", "title or id contains"),
+      q.get("limit") ? h("input", { type: "hidden", name: "limit", value: q.get("limit") }) : null,
       h("button", { type: "submit" }, "Filter")),
     h("table", { id: "task-list" },
       h("thead", {}, h("tr", {}, ["task", "title", "pipeline", "stage", "priority", "created"].map((t) => h("th", {}, t)))),
@@ -273,15 +273,17 @@ function describe(ev) {
 
 const events = new Map(); // run id -> events, for the task page
 
-function timeline(task) {
+function timeline(task, allRuns) {
+  // Every run (GET /tasks/{id}/runs), oldest first; a run the stream reported since is added.
   const runs = new Map();
-  if (task.latest_run) runs.set(task.latest_run.id, task.latest_run);
-  for (const f of task.previous_failures) if (!runs.has(f.run_id)) runs.set(f.run_id, { id: f.run_id, attempt: f.attempt, status: f.status, ended_at_ms: f.ended_at_ms, error: f.error });
+  for (const r of allRuns) runs.set(r.id, r);
+  if (task.latest_run && !runs.has(task.latest_run.id)) runs.set(task.latest_run.id, task.latest_run);
   for (const id of events.keys()) if (!runs.has(id)) runs.set(id, { id, status: "" });
   const order = [...runs.values()].sort((a, b) => (a.attempt || 0) - (b.attempt || 0));
   if (!order.length) return h("p", { class: "muted" }, "Never claimed yet.");
   return order.map((run) => h("div", { class: "run", "data-run": run.id },
-    h("h3", {}, `Run ${run.attempt ?? ""} `, h("code", {}, short(run.id)), " ", h("span", { class: "pill" }, run.status || "")),
+    h("h3", {}, `Run ${run.attempt ?? ""} `, h("code", {}, short(run.id)), " ", h("span", { class: "pill" }, run.status || ""),
+      " ", h("span", { class: "agent", title: run.agent_role ? `agent (role ${run.agent_role})` : "agent" }, run.agent_id || "?")),
     h("ul", { class: "timeline" },
       run.started_at_ms ? h("li", { class: "k-claimed" }, `${when(run.started_at_ms)} claimed by ${run.agent_id || "?"} (${run.agent_role || ""})`) : null,
       (events.get(run.id) || []).map((ev) => h("li", { class: `k-${ev.kind}`, "data-kind": ev.kind }, `${when(ev.ts_ms)} ${describe(ev)}`)),
@@ -301,10 +303,11 @@ function verbButtons(task, after) {
 }
 
 async function taskPage(id) {
-  const [task, ops, artifacts] = await Promise.all([
+  const [task, ops, artifacts, runs] = await Promise.all([
     get(`/tasks/${encodeURIComponent(id)}`),
     get(`/tasks/${encodeURIComponent(id)}/events`),
     get(`/artifacts?task_id=${encodeURIComponent(id)}`),
+    get(`/tasks/${encodeURIComponent(id)}/runs?limit=1000`),
   ]);
   const pipeline = await get(`/pipelines/${encodeURIComponent(task.pipeline_id)}`);
   setMain(
@@ -315,7 +318,7 @@ async function taskPage(id) {
     h("h2", {}, "State machine"),
     machine(pipeline.definition, task.stage),
     h("div", { class: "grid2" },
-      h("div", {}, h("h2", {}, "Runs"), timeline(task)),
+      h("div", {}, h("h2", {}, "Runs"), timeline(task, runs.items)),
       h("div", {},
         h("h2", {}, "Checkpoint"), h("pre", { id: "checkpoint" }, JSON.stringify(task.checkpoint, null, 2)),
         task.dead_letter_reason ? h("p", { class: "error" }, "Dead-letter reason: " + task.dead_letter_reason) : null,
@@ -351,10 +354,26 @@ async function failures() {
     cursor = pageData.next_cursor;
     if (!cursor) break;
   }
-  const details = await Promise.all(found.slice(0, 200).map((t) => get(`/tasks/${encodeURIComponent(t.id)}`)));
+  const [details, retrying] = await Promise.all([
+    Promise.all(found.slice(0, 200).map((t) => get(`/tasks/${encodeURIComponent(t.id)}`))),
+    get("/ops/retrying?limit=200"),
+  ]);
   const refresh = () => redraw(failures);
   setMain(
     h("h1", {}, "Dead letters and failures"),
+    h("h2", {}, `Waiting on a retry delay: ${retrying.items.length}`),
+    retrying.items.length
+      ? h("table", { id: "retrying" },
+          h("thead", {}, h("tr", {}, ["task", "title", "stage", "attempt", "last error", "claimable again", ""].map((t) => h("th", {}, t)))),
+          h("tbody", {}, retrying.items.map((r) => h("tr", { "data-task": r.task_id },
+            h("td", {}, taskLink(r.task_id)), h("td", {}, r.title), h("td", {}, r.stage),
+            h("td", { class: "num" }, r.attempt ?? "–"),
+            h("td", { class: "error-text" }, r.error || (r.status === "stale" ? "lease expired" : "–")),
+            h("td", { class: "eligible", "data-at": r.next_eligible_at_ms },
+              `${when(r.next_eligible_at_ms)} (in ${ago(r.next_eligible_at_ms - retrying.generated_at_ms)})`),
+            h("td", {}, verbButtons({ id: r.task_id }, refresh))))))
+      : h("p", { class: "muted", id: "no-retrying" }, "No task waits on a retry delay."),
+    h("h2", {}, "Dead-lettered and cancelled"),
     details.length
       ? h("table", { id: "failures" },
           h("thead", {}, h("tr", {}, ["task", "title", "stage", "reason", "last failure", ""].map((t) => h("th", {}, t)))),
@@ -388,6 +407,19 @@ async function store() {
   const ns = q.get("namespace") || "";
   const text = q.get("q") || "";
   const sections = [];
+  const after = q.get("after") || "";
+  const names = await get("/namespaces?limit=200" + (after ? "&cursor=" + encodeURIComponent(after) : ""));
+  const more = new URLSearchParams(q);
+  if (names.next_cursor) more.set("after", names.next_cursor);
+  const nsLink = (name) => h("a", { href: `/ui/store?namespace=${encodeURIComponent(name)}` }, name);
+  sections.push(h("h2", {}, "Namespaces"),
+    names.items.length
+      ? h("table", { id: "namespaces" },
+          h("thead", {}, h("tr", {}, h("th", {}, "namespace"), h("th", { class: "num" }, "keys"), h("th", {}, "last change"))),
+          h("tbody", {}, names.items.map((n) => h("tr", { "data-namespace": n.namespace, class: n.namespace === ns ? "chosen" : null },
+            h("td", {}, nsLink(n.namespace)), h("td", { class: "num" }, n.keys), h("td", {}, when(n.updated_at_ms))))))
+      : h("p", { class: "muted", id: "no-namespaces" }, "The store is empty."),
+    names.next_cursor ? h("p", { class: "pager" }, h("a", { href: "/ui/store?" + more, id: "more-namespaces" }, "more namespaces »")) : null);
   if (text) {
     const params = new URLSearchParams({ q: text, limit: "50" });
     if (ns) params.set("namespace", ns);
@@ -396,7 +428,7 @@ async function store() {
       h("table", { id: "hits" },
         h("thead", {}, h("tr", {}, ["namespace", "key", "match"].map((t) => h("th", {}, t)))),
         h("tbody", {}, hits.map((hit) => h("tr", {},
-          h("td", {}, h("a", { href: `/ui/store?namespace=${encodeURIComponent(hit.namespace)}` }, hit.namespace)),
+          h("td", {}, nsLink(hit.namespace)),
           h("td", {}, h("code", {}, hit.key)), h("td", { class: "snippet" }, highlighted(hit.snippet)))))));
   }
   if (ns) {
@@ -413,7 +445,8 @@ async function store() {
       h("input", { name: "namespace", placeholder: "namespace", value: ns }),
       h("input", { name: "q", placeholder: "search words", value: text }),
       h("button", { type: "submit" }, "Search / list")),
-    ...(sections.length ? sections : [h("p", { class: "muted" }, "Name a namespace to list its keys, or search every value.")]),
+    ...sections,
+    ns ? null : h("p", { class: "muted" }, "Choose a namespace to list its keys, or search every value."),
   );
 }
 

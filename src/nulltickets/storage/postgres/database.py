@@ -32,6 +32,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
 
+from nulltickets.domain.stats import COMMIT_SECONDS, Histogram
 from nulltickets.errors import (
     DuplicateDependency,
     DuplicateName,
@@ -43,7 +44,7 @@ from nulltickets.errors import (
     StorageReadOnly,
     StorageUnavailable,
 )
-from nulltickets.storage.ports import Capabilities
+from nulltickets.storage.ports import Capabilities, StorageStats
 from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
 from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
@@ -174,6 +175,7 @@ class PostgresDatabase:
         self._rand = random.Random()
         self._lock = threading.Lock()
         self.retries = 0  # units of work run again (races, lost connections)
+        self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)  # the pool's threads
 
     @property
     def notifier(self) -> PostgresNotifier:
@@ -241,9 +243,12 @@ class PostgresDatabase:
                 pool.close()
         self._read_pool = self._write_pool = None
 
-    def stats(self) -> dict[str, float]:
-        """The figures /metrics shows for this process: the units of work retried."""
-        return {"retries": float(self.retries)}
+    def stats(self) -> StorageStats:
+        """What /metrics shows for this process: the units of work retried and the time of
+        each commit (no WAL checkpoints nor batches here: those are PostgreSQL's own)."""
+        return StorageStats(
+            {"retries": float(self.retries)}, {"commit_duration_seconds": self.commit_durations}
+        )
 
     def schema_version(self) -> tuple[int, int]:
         latest = len(migrations())
@@ -290,7 +295,9 @@ class PostgresDatabase:
                             conn.rollback()
                         raise
                     committing = True
+                    started = time.perf_counter()
                     conn.commit()
+                    self.commit_durations.observe(time.perf_counter() - started)
                 self._notifier.committed()
                 return result
             except BaseException as exc:

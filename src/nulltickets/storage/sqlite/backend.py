@@ -24,7 +24,9 @@ from nulltickets.domain.model import (
     Failure,
     FeedEvent,
     LeaseRow,
+    NamespaceSummary,
     Pipeline,
+    RetryWaiting,
     Run,
     SearchHit,
     Span,
@@ -33,6 +35,7 @@ from nulltickets.domain.model import (
     StoreEntry,
     Task,
     TaskEvent,
+    TaskRun,
 )
 from nulltickets.errors import (
     DuplicateDependency,
@@ -202,6 +205,7 @@ class SqliteBackend:
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
+        text: str | None = None,
     ) -> list[Task]:
         after_created, after_id = after if after is not None else (_MIN_TIME, "")
         params: dict[str, Any] = {
@@ -209,6 +213,9 @@ class SqliteBackend:
             "after_id": after_id,
             "limit": limit,
         }
+        if text is not None:
+            params.update(stage=stage, pipeline_id=pipeline_id, agent_role=agent_role, q=text)
+            return [_task(r) for r in self._all("list_tasks_matching", params)]
         if agent_role is not None:
             params.update(agent_role=agent_role, stage=stage, pipeline_id=pipeline_id)
             return [_task(r) for r in self._all("list_tasks_by_role", params)]
@@ -244,6 +251,17 @@ class SqliteBackend:
         """(checkpoint JSON or None, fence) of a task."""
         row = self._one("task_resume", {"id": id})
         return None if row is None else (row[0], row[1])
+
+    def list_task_runs(self, task_id: str, after: int, limit: int) -> list[TaskRun]:
+        rows = self._all("list_task_runs", {"task_id": task_id, "after": after, "limit": limit})
+        return [TaskRun(*r) for r in rows]
+
+    def retry_waiting(self, now: int, limit: int) -> list[RetryWaiting]:
+        return [RetryWaiting(*r) for r in self._all("retry_waiting", {"now": now, "limit": limit})]
+
+    def list_namespaces(self, after: str, limit: int) -> list[NamespaceSummary]:
+        rows = self._all("list_namespaces", {"after": after, "limit": limit})
+        return [NamespaceSummary(r[0], int(r[1]), int(r[2])) for r in rows]
 
     def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]:
         rows = self._all("previous_failures", {"task_id": task_id, "limit": limit})

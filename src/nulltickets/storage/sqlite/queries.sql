@@ -721,3 +721,67 @@ SELECT kind, count(*), max(id)
 FROM events
 WHERE id > :after_id
 GROUP BY kind;
+
+-- list_tasks_matching --
+-- GET /tasks?q=: tasks whose title or id holds :q (ASCII letters in any case), with the other
+-- filters optional, in page order. A walk of the pages index that stops after :limit matches:
+-- a rare text walks far, so this is the dashboard's filter, not an agent's query.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM tasks AS t INDEXED BY idx_tasks_page
+WHERE (t.created_at_ms, t.id) > (:after_created, :after_id)
+    AND (:stage IS NULL OR t.stage = :stage)
+    AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+    AND (
+        :agent_role IS NULL OR EXISTS (
+            SELECT 1 FROM pipeline_stages AS s
+            WHERE s.pipeline_id = t.pipeline_id AND s.stage = t.stage
+                AND s.agent_role = :agent_role
+        )
+    )
+    AND (instr(lower(t.title), lower(:q)) > 0 OR instr(t.id, :q) > 0)
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit;
+
+-- list_task_runs --
+-- Every run of a task, oldest attempt first, after attempt :after: who claimed it, how it
+-- ended and the error it reported (the dashboard's run timeline).
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
+FROM runs
+WHERE task_id = :task_id AND attempt > :after
+ORDER BY attempt
+LIMIT :limit;
+
+-- retry_waiting --
+-- Tasks waiting on a retry delay (not dead-lettered, cancelled nor leased), soonest claimable
+-- first, with the latest failed or stale run: its attempt, error and end. Only the stages that
+-- name a role can hold such tasks, so this walks their tasks as stage_board does.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.next_eligible_at_ms,
+    r.attempt, r.status, r.error_text, r.ended_at_ms
+FROM pipeline_stages AS s
+CROSS JOIN tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+    ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+LEFT JOIN runs AS r ON r.id = (
+    SELECT f.id FROM runs AS f
+    WHERE f.task_id = t.id AND f.status IN ('failed', 'stale')
+    ORDER BY f.attempt DESC
+    LIMIT 1
+)
+WHERE s.agent_role IS NOT NULL
+    AND t.next_eligible_at_ms > :now
+    AND t.dead_letter_reason IS NULL
+    AND NOT EXISTS (SELECT 1 FROM runs AS l WHERE l.task_id = t.id AND l.status = 'running')
+ORDER BY t.next_eligible_at_ms, t.id
+LIMIT :limit;
+
+-- list_namespaces --
+-- The store's namespaces after :after, by name: how many keys each holds, when it last changed.
+SELECT namespace, count(*), max(updated_at_ms)
+FROM store
+WHERE namespace > :after
+GROUP BY namespace
+ORDER BY namespace
+LIMIT :limit;
