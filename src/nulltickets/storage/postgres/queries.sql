@@ -7,6 +7,11 @@
 -- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
 -- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
 -- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
+-- Row locks, one order everywhere (two servers taking them in opposite orders deadlock, and
+-- each deadlock costs deadlock_timeout and a retry): a task's row before its lease's, and
+-- whoever ends a run holds its task's row (lock_lease_by_*, expired_leases,
+-- live_lease_of_task). A claim holds the task rows it chose (claim_candidate), so it never
+-- waits for a run being ended while holding one: its SKIP LOCKED passes over that task.
 
 -- insert_pipeline --
 -- A name already taken fails with a unique violation of pipelines_name_key: the backend
@@ -237,16 +242,18 @@ WHERE task_id = :task_id
 ORDER BY created_at_ms, seq;
 
 -- expired_leases --
--- Leases past their expiry whose runs are still running: the janitor's work list. Each row is
--- locked for the reaper that read it and skipped by the others, so any number of servers can
--- reap at once without reaping a lease twice.
+-- Leases past their expiry whose runs are still running: the janitor's work list. Each lease
+-- and its task are locked (task first, see the top) for the reaper that read them and skipped
+-- by the others, so any number of servers can reap at once without reaping a lease twice; a
+-- task a claim or a lease-protected write holds is left to a later pass.
 SELECT l.id, l.run_id, r.task_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
 WHERE l.expires_at_ms <= :now
 ORDER BY l.expires_at_ms
 LIMIT :limit
-FOR UPDATE OF l SKIP LOCKED;
+FOR UPDATE OF t, l SKIP LOCKED;
 
 -- next_lease_expiry --
 SELECT min(expires_at_ms) FROM leases;
@@ -373,6 +380,8 @@ WHERE l.id = :id;
 -- lease-protected writes on one lease (on any server) run one after the other, each seeing
 -- what the one before it left, as under SQLite's single writer. One that waited for a
 -- transition or release that deleted the lease finds no lease (404), never a half-ended run.
+-- The task row is locked too, and first (see the top): a claim that chose the task waits for
+-- nothing this write holds, and this write waits for it before touching the run.
 SELECT
     l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
     t.task_version, t.pipeline_id, l.fence, l.agent_id
@@ -380,7 +389,7 @@ FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
 WHERE l.run_id = :run_id
-FOR UPDATE OF l;
+FOR UPDATE OF t, l;
 
 -- lock_lease_by_id --
 -- lease_by_id in a unit of work that writes (see lock_lease_by_run).
@@ -391,7 +400,7 @@ FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id
-FOR UPDATE OF l;
+FOR UPDATE OF t, l;
 
 -- extend_lease --
 UPDATE leases
@@ -504,11 +513,16 @@ SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
 
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
+-- Not one-to-one: the task and the lease are locked (task first, see the top), as by
+-- lock_lease_by_*: the cancel that reads it ends that run and deletes that lease. A lease
+-- ended meanwhile by its holder is waited for and then not found.
 SELECT l.id, l.run_id, l.expires_at_ms
-FROM runs AS r
+FROM tasks AS t
+JOIN runs AS r ON r.task_id = t.id
 JOIN leases AS l ON l.run_id = r.id
-WHERE r.task_id = :task_id AND r.status = 'running'
-LIMIT 1;
+WHERE t.id = :task_id AND r.status = 'running'
+LIMIT 1
+FOR UPDATE OF t, l;
 
 -- run_status --
 SELECT status FROM runs WHERE id = :id;
