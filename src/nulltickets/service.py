@@ -467,6 +467,11 @@ class Tracker:
             raise TaskNotFound()
         if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
             self.reap_expired(b, now)
+        # The live lease first: where rows are locked (PostgreSQL), this waits for a write
+        # under that lease to end, so the task read next is the one that write left (a
+        # transition into the terminal stage makes the cancel a 409, not a cancelled
+        # finished task).
+        revoked = b.live_lease_of_task(task_id)
         task = b.get_task(task_id)
         assert task is not None
         cancelled_at, _ = b.task_cancellation(task_id)
@@ -475,7 +480,6 @@ class Tracker:
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is not None and pipeline.is_terminal(task.stage):
             raise TaskFinished(f"the task is in the terminal stage {task.stage!r}")
-        revoked = b.live_lease_of_task(task_id)
         data: dict[str, Any] = {"actor": cmd.actor, "reason": cmd.reason, "stage": task.stage}
         if revoked is not None:
             lease_id, run_id, _expires = revoked

@@ -6,6 +6,7 @@ service runs them, on connections of its own."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,6 +14,7 @@ import psycopg
 from tests.conftest import unique, wait_for
 from tests.postgres.sql import all_rows, make_pipeline, make_task, one, run
 from tests.postgres.test_claims import NOW, claim
+from tests.server import Server
 
 Conn = psycopg.Connection[Any]
 
@@ -92,3 +94,70 @@ def test_a_reaper_passes_over_an_expired_lease_whose_task_is_locked(pg_dsn: str)
         assert [r[2] for r in all_rows(reaper, "expired_leases", now=expired, limit=10)] == [
             task_id
         ]
+
+
+def test_a_cancel_that_waited_for_a_transition_into_the_terminal_stage_is_refused(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """Through the server: a cancel arriving while a write holds the task's lease waits for
+    it; when that write moved the task into its terminal stage, the task is finished and the
+    cancel answers 409 task_finished instead of cancelling a done task."""
+    dsn = postgres.dsn(postgres.create_database())
+    server = Server(tmp_path / "unused.db", dsn=dsn).start(timeout=60)
+    client = server.client()
+    try:
+        role = unique("coder")
+        definition = {
+            "initial": "todo",
+            "states": {"todo": {"agent_role": role}, "done": {"terminal": True}},
+            "transitions": [{"from": "todo", "to": "done", "trigger": "complete"}],
+        }
+        pipeline = client.post("/pipelines", {"name": unique("p"), "definition": definition})
+        assert pipeline.status == 201, pipeline.body
+        task = client.post(
+            "/tasks", {"pipeline_id": pipeline.json["id"], "title": "t", "description": "d"}
+        )
+        assert task.status == 201, task.body
+        claimed = client.post("/leases/claim", {"agent_id": "a", "agent_role": role})
+        assert claimed.status == 200, claimed.body
+        run_id = claimed.json["run"]["id"]
+        task_id = task.json["id"]
+        with psycopg.connect(dsn) as writer:  # a transition in flight, as another server runs it
+            lease = one(writer, "lock_lease_by_run", run_id=run_id)
+            assert lease is not None
+            answer: dict[str, Any] = {}
+
+            def cancel() -> None:
+                other = server.client()
+                try:
+                    answer["r"] = other.post(f"/tasks/{task_id}/cancel", {"reason": "r"})
+                finally:
+                    other.close()
+
+            thread = threading.Thread(target=cancel)
+            thread.start()
+            wait_for("the cancel to wait for the lease", lambda: lock_waiters(dsn) > 0)
+            run(writer, "end_run", id=run_id, status="completed", usage_json="{}",
+                error_text=None, now=NOW + 1)  # fmt: skip
+            run(writer, "move_task", id=task_id, stage="done", task_version=lease[8], now=NOW + 1)
+            run(writer, "delete_lease", id=lease[0])
+            writer.commit()
+            thread.join(30)
+        r = answer["r"]
+        assert (r.status, r.json["error"]["code"]) == (409, "task_finished"), r.body
+        after = client.get(f"/tasks/{task_id}").json
+        assert after["stage"] == "done"
+        assert after.get("cancelled_at_ms") is None, after
+    finally:
+        client.close()
+        server.stop()
+
+
+def lock_waiters(dsn: str) -> int:
+    """Sessions of this database waiting for a lock."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return int(row[0]) if row else 0
