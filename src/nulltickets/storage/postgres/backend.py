@@ -1,10 +1,11 @@
-"""PostgresBackend: every storage operation as a method named after its query in queries.sql.
+"""PostgresBackend: storage.backend.Backend over psycopg, running the queries of queries.sql.
 
 The methods run on the connection of one unit of work (PostgresDatabase gives each job its own
-transaction on a pooled connection). What is PostgreSQL's stays here: lists go to the claim
-query as JSONB, search terms become the query text store_query reads, a constraint of the data
-becomes the contract's error, and a claim that lost a race to another server says so with
-LostRace, on which the database runs the whole unit of work again.
+transaction on a pooled connection). What is PostgreSQL's stays here: the runner over psycopg
+(a new row's id comes back by RETURNING), search terms become the query text store_query
+reads, JSONB's text is compacted, lease and idempotency rows are locked by the unit of work
+that writes, wake-ups go out by NOTIFY, and a claim that lost a race to another server says
+so with LostRace, on which the database runs the whole unit of work again.
 """
 
 from __future__ import annotations
@@ -14,72 +15,21 @@ from typing import Any, LiteralString
 
 import msgspec
 import psycopg
-from msgspec import Raw
 from psycopg import errors as pg_errors
 
-from nulltickets.domain.model import (
-    Artifact,
-    Assignment,
-    Dependency,
-    Event,
-    Failure,
-    FeedEvent,
-    LeaseRow,
-    NamespaceSummary,
-    Pipeline,
-    RetryWaiting,
-    Run,
-    SearchHit,
-    Span,
-    SpanRow,
-    StageCount,
-    StoreEntry,
-    Task,
-    TaskEvent,
-    TaskRun,
-)
-from nulltickets.errors import (
-    DuplicateDependency,
-    DuplicateName,
-    StorageBusy,
-    StorageQueryError,
-)
-from nulltickets.storage.backend import StageBoardRow
+from nulltickets.domain.model import LeaseRow, Task
+from nulltickets.errors import StorageBusy
+from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
 from nulltickets.storage.queries import load_queries
 
 Q = load_queries("nulltickets.storage.postgres", "queries.sql", "pyformat")
 
-_MIN_TIME = -(2**63)
 _encode = msgspec.json.encode
 
 
 class LostRace(StorageBusy):
     """Another server's claim of the same task committed first: nothing of this unit of work
     is kept, and the database runs it again (a fresh snapshot no longer offers that task)."""
-
-
-def _task(row: Sequence[Any]) -> Task:
-    return Task(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        row[5],
-        Raw(row[6]),
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        row[14],
-    )
-
-
-def _run(row: Sequence[Any]) -> Run:
-    return Run(*row)
 
 
 _decode_any = msgspec.json.Decoder()
@@ -99,7 +49,13 @@ def fts_text(terms: Sequence[str]) -> str:
     return " ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-class PostgresBackend:
+class PostgresBackend(Backend):
+    _unique_violation = pg_errors.UniqueViolation
+    # insert_run returns no row when another server's claim committed first.
+    _claim_race = LostRace
+    # A JSON path PostgreSQL cannot read, from the request.
+    _bad_query = (pg_errors.SyntaxError, pg_errors.DataException)
+
     def __init__(self, conn: psycopg.Connection[Any], *, writing: bool = False) -> None:
         self.conn = conn
         # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
@@ -118,12 +74,20 @@ class PostgresBackend:
         row: tuple[Any, ...] | None = self._cur(name, params).fetchone()
         return row
 
-    def _value(self, name: str, params: dict[str, Any]) -> Any:
-        row = self._one(name, params)
-        return None if row is None else row[0]
-
     def _exec(self, name: str, params: dict[str, Any]) -> int:
         return self._cur(name, params).rowcount
+
+    def _insert(self, name: str, params: dict[str, Any]) -> int:
+        return int(self._value(name, params))
+
+    def _search_text(self, terms: Sequence[str]) -> str:
+        return fts_text(terms)
+
+    def _query_error(self, exc: Exception) -> str:
+        return str(exc).splitlines()[0]  # the rest is PostgreSQL's context lines
+
+    def engine(self) -> tuple[str, str, list[str]]:
+        return "postgresql", str(self.conn.info.server_version), []
 
     # --- notifications -------------------------------------------------------------------------
 
@@ -150,291 +114,27 @@ class PostgresBackend:
         for chunk in chunks:
             self._exec("notify", {"payload": chunk})
 
-    # --- pipelines -----------------------------------------------------------------------------
-
-    def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
-        params = {"id": id, "name": name, "definition_json": definition_json, "now": now}
-        try:
-            self._exec("insert_pipeline", params)
-        except pg_errors.UniqueViolation:  # pipelines_name_key
-            raise DuplicateName(f"a pipeline named {name!r} already exists") from None
-
-    def insert_pipeline_stage(
-        self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
-    ) -> None:
-        self._exec(
-            "insert_pipeline_stage",
-            {
-                "pipeline_id": pipeline_id,
-                "stage": stage,
-                "agent_role": agent_role,
-                "terminal": bool(terminal),
-            },
-        )
-
-    def get_pipeline(self, id: str) -> Pipeline | None:
-        row = self._one("get_pipeline", {"id": id})
-        return None if row is None else Pipeline(row[0], row[1], Raw(row[2]), row[3])
-
-    def list_pipelines(self) -> list[Pipeline]:
-        return [Pipeline(r[0], r[1], Raw(r[2]), r[3]) for r in self._all("list_pipelines")]
-
-    # --- tasks ---------------------------------------------------------------------------------
-
-    def insert_task(
-        self,
-        *,
-        id: str,
-        pipeline_id: str,
-        stage: str,
-        title: str,
-        description: str,
-        priority: int,
-        metadata_json: str,
-        max_attempts: int | None,
-        retry_delay_ms: int,
-        dead_letter_stage: str | None,
-        idempotency_key: str | None,
-        retry_delay_set: bool,
-        now: int,
-    ) -> bool:
-        params = {
-            "id": id,
-            "pipeline_id": pipeline_id,
-            "stage": stage,
-            "title": title,
-            "description": description,
-            "priority": priority,
-            "metadata_json": metadata_json,
-            "max_attempts": max_attempts,
-            "retry_delay_ms": retry_delay_ms,
-            "dead_letter_stage": dead_letter_stage,
-            "idempotency_key": idempotency_key,
-            "retry_delay_set": bool(retry_delay_set),
-            "now": now,
-        }
-        # ON CONFLICT DO NOTHING on idx_tasks_idempotency_key: no row back, nothing inserted.
-        return self._one("insert_task", params) is not None
-
-    def get_task(self, id: str) -> Task | None:
-        row = self._one("get_task", {"id": id})
-        return None if row is None else _task(row)
+    # --- checkpoints: JSONB's text, compacted as SQLite writes it ------------------------------
 
     def task_details(self, id: str) -> tuple[Task, str | None, int, int | None, str | None] | None:
-        row = self._one("task_details", {"id": id})
-        if row is None:
+        details = super().task_details(id)
+        if details is None:
             return None
-        return _task(row[:15]), compact(row[15]), row[16], row[17], row[18]
-
-    def task_exists(self, id: str) -> bool:
-        return self._one("task_exists", {"id": id}) is not None
-
-    def list_tasks(
-        self,
-        *,
-        stage: str | None,
-        pipeline_id: str | None,
-        after: tuple[int, str] | None,
-        limit: int,
-        agent_role: str | None = None,
-        text: str | None = None,
-    ) -> list[Task]:
-        after_created, after_id = after if after is not None else (_MIN_TIME, "")
-        params: dict[str, Any] = {
-            "after_created": after_created,
-            "after_id": after_id,
-            "limit": limit,
-        }
-        if text is not None:
-            params.update(stage=stage, pipeline_id=pipeline_id, agent_role=agent_role, q=text)
-            return [_task(r) for r in self._all("list_tasks_matching", params)]
-        if agent_role is not None:
-            params.update(agent_role=agent_role, stage=stage, pipeline_id=pipeline_id)
-            return [_task(r) for r in self._all("list_tasks_by_role", params)]
-        if stage is not None and pipeline_id is not None:
-            name = "list_tasks_by_pipeline_and_stage"
-        elif stage is not None:
-            name = "list_tasks_by_stage"
-        elif pipeline_id is not None:
-            name = "list_tasks_by_pipeline"
-        else:
-            name = "list_tasks"
-        if stage is not None:
-            params["stage"] = stage
-        if pipeline_id is not None:
-            params["pipeline_id"] = pipeline_id
-        return [_task(r) for r in self._all(name, params)]
-
-    def task_run_state(self, id: str) -> str | None:
-        value: str | None = self._value("task_run_state", {"id": id})
-        return value
-
-    def latest_run(self, task_id: str) -> Run | None:
-        row = self._one("latest_run", {"task_id": task_id})
-        return None if row is None else _run(row)
-
-    def task_by_idempotency_key(self, pipeline_id: str, key: str) -> str | None:
-        value: str | None = self._value(
-            "task_by_idempotency_key", {"pipeline_id": pipeline_id, "idempotency_key": key}
-        )
-        return value
+        task, checkpoint, fence, cancelled_at_ms, cancel_reason = details
+        return task, compact(checkpoint), fence, cancelled_at_ms, cancel_reason
 
     def task_resume(self, id: str) -> tuple[str | None, int] | None:
-        row = self._one("task_resume", {"id": id})
-        return None if row is None else (compact(row[0]), row[1])
-
-    def list_task_runs(self, task_id: str, after: int, limit: int) -> list[TaskRun]:
-        rows = self._all("list_task_runs", {"task_id": task_id, "after": after, "limit": limit})
-        return [TaskRun(*r) for r in rows]
-
-    def retry_waiting(self, now: int, limit: int) -> list[RetryWaiting]:
-        return [RetryWaiting(*r) for r in self._all("retry_waiting", {"now": now, "limit": limit})]
-
-    def list_namespaces(self, after: str, limit: int) -> list[NamespaceSummary]:
-        rows = self._all("list_namespaces", {"after": after, "limit": limit})
-        return [NamespaceSummary(r[0], int(r[1]), int(r[2])) for r in rows]
-
-    def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]:
-        rows = self._all("previous_failures", {"task_id": task_id, "limit": limit})
-        return [Failure(r[0], r[1], r[2], r[3], r[4]) for r in rows]
-
-    def retry_delay_set(self, id: str) -> bool:
-        return bool(self._value("retry_delay_set", {"id": id}))
+        resume = super().task_resume(id)
+        return None if resume is None else (compact(resume[0]), resume[1])
 
     def bump_fence(self, id: str) -> tuple[int, str | None]:
-        row = self._one("bump_fence", {"id": id})
-        assert row is not None  # the claimed task exists in this transaction
-        return int(row[0]), compact(row[1])
-
-    def task_fence_of_run(self, run_id: str) -> int | None:
-        value: int | None = self._value("task_fence_of_run", {"run_id": run_id})
-        return value
-
-    def task_fence_of_lease(self, lease_id: str) -> int | None:
-        value: int | None = self._value("task_fence_of_lease", {"lease_id": lease_id})
-        return value
+        fence, checkpoint = super().bump_fence(id)
+        return fence, compact(checkpoint)
 
     def merge_checkpoint(self, id: str, patch_json: str) -> str:
-        return str(compact(self._value("merge_checkpoint", {"id": id, "patch": patch_json})))
+        return str(compact(super().merge_checkpoint(id, patch_json)))
 
-    def leases_of_agent(self, agent_id: str) -> list[str]:
-        return [r[0] for r in self._all("leases_of_agent", {"agent_id": agent_id})]
-
-    def dependent_stages(self, id: str) -> list[tuple[str, str]]:
-        return [(r[0], r[1]) for r in self._all("dependent_stages", {"id": id})]
-
-    def leased_in_pipeline_stage(self, pipeline_id: str, stage: str) -> int:
-        params = {"pipeline_id": pipeline_id, "stage": stage}
-        return int(self._value("leased_in_pipeline_stage", params))
-
-    def role_stages(self, agent_role: str) -> list[tuple[str, str]]:
-        return [(r[0], r[1]) for r in self._all("role_stages", {"agent_role": agent_role})]
-
-    # --- dependencies and assignments ----------------------------------------------------------
-
-    def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
-        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id, "now": now}
-        try:
-            self._exec("insert_dependency", params)
-        except pg_errors.UniqueViolation:  # task_dependencies_pkey
-            raise DuplicateDependency() from None
-
-    def list_dependencies(self, task_id: str) -> list[Dependency]:
-        rows = self._all("list_dependencies", {"task_id": task_id})
-        return [Dependency(r[0], bool(r[1])) for r in rows]
-
-    def deactivate_assignments(self, task_id: str, now: int) -> None:
-        self._exec("deactivate_assignments", {"task_id": task_id, "now": now})
-
-    def upsert_assignment(
-        self, task_id: str, agent_id: str, assigned_by: str | None, now: int
-    ) -> None:
-        self._exec(
-            "upsert_assignment",
-            {"task_id": task_id, "agent_id": agent_id, "assigned_by": assigned_by, "now": now},
-        )
-
-    def unassign(self, task_id: str, agent_id: str, now: int) -> bool:
-        params = {"task_id": task_id, "agent_id": agent_id, "now": now}
-        return self._exec("unassign", params) > 0
-
-    def list_assignments(self, task_id: str) -> list[Assignment]:
-        rows = self._all("list_assignments", {"task_id": task_id})
-        return [Assignment(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
-
-    # --- leases and runs -----------------------------------------------------------------------
-
-    def expired_leases(self, now: int, limit: int) -> list[tuple[str, str, str]]:
-        # Locked for this unit of work, skipped by every other reaper (SKIP LOCKED).
-        rows = self._all("expired_leases", {"now": now, "limit": limit})
-        return [(r[0], r[1], r[2]) for r in rows]
-
-    def next_lease_expiry(self) -> int | None:
-        value: int | None = self._value("next_lease_expiry", {})
-        return value
-
-    def leased_in_stage(self, stage: str) -> int:
-        return int(self._value("leased_in_stage", {"stage": stage}))
-
-    def claim_candidate(
-        self,
-        agent_role: str,
-        agent_id: str,
-        now: int,
-        full_stages: Sequence[str] = (),
-        full_pairs: Sequence[tuple[str, str]] = (),
-    ) -> Task | None:
-        # The lists go as JSONB; NULL (no list) lets the planner drop their tests altogether.
-        params = {
-            "agent_role": agent_role,
-            "agent_id": agent_id,
-            "full_stages": _encode(list(full_stages)).decode() if full_stages else None,
-            "full_pairs": _encode([list(p) for p in full_pairs]).decode() if full_pairs else None,
-            "now": now,
-        }
-        # Locks the task it returns; a task another unit of work holds is passed over.
-        row = self._one("claim_candidate", params)
-        return None if row is None else _task(row)
-
-    def insert_run(
-        self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
-    ) -> int:
-        params = {
-            "id": id,
-            "task_id": task_id,
-            "agent_id": agent_id,
-            "agent_role": agent_role,
-            "now": now,
-            "lease_id": lease_id,
-        }
-        row = self._one("insert_run", params)
-        if row is None:  # runs_one_running_per_task: another server's claim committed first
-            raise LostRace("the task was claimed at the same moment; claim again")
-        return int(row[0])
-
-    def insert_lease(
-        self,
-        *,
-        id: str,
-        run_id: str,
-        agent_id: str,
-        token_hash: bytes,
-        expires_at_ms: int,
-        ttl_ms: int,
-        fence: int,
-        now: int,
-    ) -> None:
-        params = {
-            "id": id,
-            "run_id": run_id,
-            "agent_id": agent_id,
-            "token_hash": token_hash,
-            "expires_at_ms": expires_at_ms,
-            "ttl_ms": ttl_ms,
-            "fence": fence,
-            "now": now,
-        }
-        self._exec("insert_lease", params)
+    # --- leases and idempotency keys: locked by the unit of work that writes ------------------
 
     def lease_by_run(self, run_id: str) -> LeaseRow | None:
         name = "lock_lease_by_run" if self.writing else "lease_by_run"
@@ -446,367 +146,30 @@ class PostgresBackend:
         row = self._one(name, {"id": id})
         return None if row is None else _lease(row)
 
-    def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None:
-        self._exec(
-            "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
-        )
-
-    def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
-        return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0
-
-    def delete_lease(self, id: str) -> None:
-        self._exec("delete_lease", {"id": id})
-
-    def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int:
-        params = {"run_id": run_id, "kind": kind, "data_json": data_json, "now": now}
-        return int(self._value("insert_event", params))
-
-    def insert_event_under_lease(
-        self,
-        run_id: str,
-        token_hash: bytes,
-        fence: int | None,
-        kind: str,
-        data_json: str,
-        now: int,
-    ) -> int | None:
-        value: int | None = self._value(
-            "insert_event_under_lease",
-            {
-                "run_id": run_id,
-                "token_hash": token_hash,
-                "fence": fence,
-                "kind": kind,
-                "data_json": data_json,
-                "now": now,
-            },
-        )
-        return value
-
-    def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
-        rows = self._all("list_events", {"run_id": run_id, "after_id": after_id, "limit": limit})
-        return [Event(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
-
-    def end_run(
-        self, id: str, status: str, usage_json: str, error_text: str | None, now: int
-    ) -> bool:
-        params = {
-            "id": id,
-            "status": str(status),
-            "usage_json": usage_json,
-            "error_text": error_text,
-            "now": now,
-        }
-        return self._exec("end_run", params) > 0
-
-    def move_task(self, id: str, stage: str, task_version: int, now: int) -> bool:
-        params = {"id": id, "stage": stage, "task_version": task_version, "now": now}
-        return self._exec("move_task", params) > 0
-
-    def failed_attempts(self, task_id: str) -> int:
-        return int(self._value("failed_attempts", {"task_id": task_id}))
-
-    def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None:
-        self._exec(
-            "schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms, "now": now}
-        )
-
-    def dead_letter_task(
-        self,
-        id: str,
-        stage: str,
-        version_bump: int,
-        reason: str,
-        next_eligible_at_ms: int,
-        now: int,
-    ) -> None:
-        self._exec(
-            "dead_letter_task",
-            {
-                "id": id,
-                "stage": stage,
-                "version_bump": version_bump,
-                "reason": reason,
-                "next_eligible_at_ms": next_eligible_at_ms,
-                "now": now,
-            },
-        )
-
-    def cancel_task(self, id: str, reason: str | None, next_eligible_at_ms: int, now: int) -> bool:
-        params = {
-            "id": id,
-            "reason": reason,
-            "next_eligible_at_ms": next_eligible_at_ms,
-            "now": now,
-        }
-        return self._exec("cancel_task", params) > 0
-
-    def requeue_task(
-        self, id: str, stage: str, version_bump: int, reset_attempts: bool, now: int
-    ) -> None:
-        params = {
-            "id": id,
-            "stage": stage,
-            "version_bump": version_bump,
-            "reset": bool(reset_attempts),
-            "now": now,
-        }
-        self._exec("requeue_task", params)
-
-    def task_cancellation(self, id: str) -> tuple[int | None, str | None]:
-        row = self._one("task_cancellation", {"id": id})
-        return (None, None) if row is None else (row[0], row[1])
-
-    def live_lease_of_task(self, task_id: str) -> tuple[str, str, int] | None:
-        row = self._one("live_lease_of_task", {"task_id": task_id})
-        return None if row is None else (row[0], row[1], row[2])
-
-    def run_status(self, id: str) -> str | None:
-        value: str | None = self._value("run_status", {"id": id})
-        return value
-
-    def run_status_of_lease(self, lease_id: str) -> str | None:
-        value: str | None = self._value("run_status_of_lease", {"lease_id": lease_id})
-        return value
-
-    def last_dead_letter(self, task_id: str) -> str | None:
-        value: str | None = self._value("last_dead_letter", {"task_id": task_id})
-        return value
-
-    def insert_task_event(self, task_id: str, kind: str, data_json: str, now: int) -> int:
-        params = {"task_id": task_id, "kind": kind, "data_json": data_json, "now": now}
-        return int(self._value("insert_task_event", params))
-
-    def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]:
-        params = {"task_id": task_id, "after_id": after_id, "limit": limit}
-        rows = self._all("list_task_events", params)
-        return [TaskEvent(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
-
-    # --- artifacts -----------------------------------------------------------------------------
-
-    def insert_artifact(
-        self,
-        *,
-        id: str,
-        task_id: str | None,
-        run_id: str | None,
-        kind: str,
-        uri: str,
-        sha256: str | None,
-        size_bytes: int | None,
-        meta_json: str,
-        now: int,
-    ) -> None:
-        params = {
-            "id": id,
-            "task_id": task_id,
-            "run_id": run_id,
-            "kind": kind,
-            "uri": uri,
-            "sha256": sha256,
-            "size_bytes": size_bytes,
-            "meta_json": meta_json,
-            "now": now,
-        }
-        self._exec("insert_artifact", params)
-
-    def run_exists(self, id: str) -> bool:
-        return self._one("run_exists", {"id": id}) is not None
-
-    def list_artifacts(
-        self,
-        *,
-        task_id: str | None,
-        run_id: str | None,
-        after: tuple[int, str] | None,
-        limit: int,
-    ) -> list[Artifact]:
-        after_created, after_id = after if after is not None else (_MIN_TIME, "")
-        rows = self._all(
-            "list_artifacts",
-            {
-                "task_id": task_id,
-                "run_id": run_id,
-                "after_created": after_created,
-                "after_id": after_id,
-                "limit": limit,
-            },
-        )
-        return [Artifact(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], Raw(r[8])) for r in rows]
-
-    # --- store ---------------------------------------------------------------------------------
-
-    def put_value(self, namespace: str, key: str, value_json: str, now: int) -> None:
-        self._exec(
-            "put_value", {"namespace": namespace, "key": key, "value_json": value_json, "now": now}
-        )
-
-    def get_value(self, namespace: str, key: str) -> StoreEntry | None:
-        row = self._one("get_value", {"namespace": namespace, "key": key})
-        return None if row is None else StoreEntry(row[0], row[1], Raw(row[2]), row[3], row[4])
-
-    def delete_value(self, namespace: str, key: str) -> None:
-        self._exec("delete_value", {"namespace": namespace, "key": key})
-
-    def list_namespace(self, namespace: str) -> list[StoreEntry]:
-        rows = self._all("list_namespace", {"namespace": namespace})
-        return [StoreEntry(r[0], r[1], Raw(r[2]), r[3], r[4]) for r in rows]
-
-    def delete_namespace(self, namespace: str) -> None:
-        self._exec("delete_namespace", {"namespace": namespace})
-
-    def search_store(
-        self,
-        terms: Sequence[str],
-        namespace: str | None,
-        filter_path: str | None,
-        filter_value: str | None,
-        limit: int,
-    ) -> list[SearchHit]:
-        params = {
-            "query": fts_text(terms),
-            "namespace": namespace,
-            "filter_path": filter_path,
-            "filter_value": filter_value,
-            "limit": limit,
-        }
-        try:
-            rows = self._all("search_store", params)
-        except (pg_errors.SyntaxError, pg_errors.DataException) as exc:
-            # A JSON path PostgreSQL cannot read, from the request.
-            raise StorageQueryError(str(exc).splitlines()[0]) from None
-        return [
-            SearchHit(r[0], r[1], Raw(r[2]), r[3], r[4], score=float(r[5]), snippet=r[6])
-            for r in rows
-        ]
-
-    def role_stage_queue(
-        self, now: int, stuck_before: int, near_expiry_before: int
-    ) -> list[tuple[str, int, int | None, int, int, int]]:
-        params = {
-            "now": now,
-            "stuck_before": stuck_before,
-            "near_expiry_before": near_expiry_before,
-        }
-        return [
-            (r[0], int(r[1]), r[2], int(r[3]), int(r[4]), int(r[5]))
-            for r in self._all("role_stage_queue", params)
-        ]
-
-    # --- traces --------------------------------------------------------------------------------
-
-    def insert_otlp_batch(
-        self,
-        content_type: str,
-        payload_json: str | None,
-        payload_blob: bytes | None,
-        parsed_spans: int,
-        now: int,
-    ) -> int:
-        params = {
-            "content_type": content_type,
-            "payload_json": payload_json,
-            "payload_blob": payload_blob,
-            "parsed_spans": parsed_spans,
-            "now": now,
-        }
-        return int(self._value("insert_otlp_batch", params))
-
-    def insert_otlp_span(self, batch_id: int, span: SpanRow) -> None:
-        self._exec("insert_otlp_span", {"batch_id": batch_id, **msgspec.structs.asdict(span)})
-
-    def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]:
-        rows = self._all("list_run_spans", {"run_id": run_id, "after_id": after_id, "limit": limit})
-        return [_span(r) for r in rows]
-
-    # --- health --------------------------------------------------------------------------------
-
-    def engine(self) -> tuple[str, str, list[str]]:
-        return "postgresql", str(self.conn.info.server_version), []
-
-    def events_feed(self, after_id: int, limit: int, task_id: str | None = None) -> list[FeedEvent]:
-        params = {"after_id": after_id, "limit": limit, "task_id": task_id}
-        return [
-            FeedEvent(r[0], r[1], r[2], r[3], r[4], r[5], Raw(r[6]))
-            for r in self._all("events_feed", params)
-        ]
-
-    def last_event_id(self) -> int:
-        return int(self._value("last_event_id", {}))
-
-    def event_kinds_since(self, after_id: int) -> list[tuple[str, int, int]]:
-        rows = self._all("event_kinds_since", {"after_id": after_id})
-        return [(str(k), int(n), int(m)) for k, n, m in rows]
-
-    def stage_board(self, now: int) -> list[StageBoardRow]:
-        return [
-            (r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]),
-             int(r[9]))
-            for r in self._all("stage_board", {"now": now})
-        ]  # fmt: skip
-
-    def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
-        rows = self._all("transitions_since", {"since": since, "window": window})
-        return [(int(m), int(n)) for m, n in rows]
-
-    def tasks_by_stage(self) -> list[StageCount]:
-        return [StageCount(r[0], int(r[1])) for r in self._all("tasks_by_stage")]
-
-    def active_leases(self, now: int) -> int:
-        return int(self._value("active_leases", {"now": now}))
-
-    # --- idempotency ---------------------------------------------------------------------------
-
     def get_idempotency(
         self, key: str, method: str, path: str
     ) -> tuple[bytes, bytes | None, int, str] | None:
-        params = {"key": key, "method": method, "path": path}
         # Concurrent requests under one key, on any server, run one after the other from here:
         # a later one finds the first one's stored answer (read committed sees it once that
         # transaction committed) instead of doing the work again.
-        self._exec("lock_idempotency_key", params)
-        row = self._one("get_idempotency", params)
-        if row is None:
+        self._exec("lock_idempotency_key", {"key": key, "method": method, "path": path})
+        found = super().get_idempotency(key, method, path)
+        if found is None:
             return None
-        auth = row[1]
-        return (bytes(row[0]), None if auth is None else bytes(auth), row[2], row[3])
+        request_hash, auth, status, body = found
+        return (bytes(request_hash), None if auth is None else bytes(auth), status, body)
 
-    def put_idempotency(
-        self,
-        *,
-        key: str,
-        method: str,
-        path: str,
-        request_hash: bytes,
-        auth_hash: bytes | None,
-        status: int,
-        body: str,
-        now: int,
-    ) -> None:
-        params = {
-            "key": key,
-            "method": method,
-            "path": path,
-            "request_hash": request_hash,
-            "auth_hash": auth_hash,
-            "status": status,
-            "body": body,
-            "now": now,
-        }
-        self._exec("put_idempotency", params)
+    # --- counts, as separate columns -----------------------------------------------------------
 
-    def purge_idempotency(self, before: int) -> int:
-        return self._exec("purge_idempotency", {"before": before})
+    def _board_row(self, r: tuple[Any, ...]) -> StageBoardRow:
+        return (r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]),
+                int(r[9]))  # fmt: skip
+
+    def _queue_row(self, r: tuple[Any, ...]) -> QueueRow:
+        return (r[0], int(r[1]), r[2], int(r[3]), int(r[4]), int(r[5]))
 
 
 def _lease(row: Sequence[Any]) -> LeaseRow:
     values = list(row)
     values[3] = bytes(values[3])
     return LeaseRow(*values)
-
-
-def _span(r: Sequence[Any]) -> Span:
-    return Span(
-        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-        r[13], r[14], Raw(r[15]), Raw(r[16]),
-    )  # fmt: skip
