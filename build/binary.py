@@ -70,7 +70,6 @@ NOFOLLOW = [
     "yaml",  # msgspec.yaml imports it only when used, and we never do; attrs likewise
     "attr",
     "attrs",
-    "ctypes",  # only multiprocessing.sharedctypes needs it, and granian does not use that
     "tkinter",
     "unittest",
     "doctest",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import signal
@@ -253,10 +252,9 @@ def _watch_parent(loop: asyncio.AbstractEventLoop, shutdown: Any) -> None:
     everywhere a thread notices that the parent changed and shuts down."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
-        # Imported by name: the standalone binary leaves ctypes out, and there the watch
-        # below does the job alone.
-        with contextlib.suppress(Exception):
-            ctypes: Any = importlib.import_module("ctypes")
+        with contextlib.suppress(Exception):  # without it, the watch below does the job alone
+            import ctypes
+
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
