@@ -70,6 +70,12 @@ NOFOLLOW = [
     "yaml",  # msgspec.yaml imports it only when used, and we never do; attrs likewise
     "attr",
     "attrs",
+    # The PostgreSQL driver: the release jobs install only the `binary` extra, so no release
+    # binary carries it; left out here too, a `make binary` build is what the release ships.
+    "psycopg",
+    "psycopg_pool",
+    "psycopg_binary",
+    "psycopg_c",
     "tkinter",
     "unittest",
     "doctest",
