@@ -212,6 +212,11 @@ def nuitka_command(
         # so that NULLTICKETS_PURE_PYTHON=1 can still load the interpreted core.
         cmd.append("--include-module=nulltickets._cext.core")
         cmd.append(f"--include-data-files={staged / '_cext' / 'core.py'}=nulltickets/_cext/core.py")
+    # The dashboard's files one by one: --include-package-data leaves some kinds out (its
+    # index.html was missing from the binary, so every page answered 500).
+    for asset in sorted((staged / "http" / "static").iterdir()):
+        if asset.is_file() and asset.suffix != ".py":
+            cmd.append(f"--include-data-files={asset}=nulltickets/http/static/{asset.name}")
     if os_name == "windows":
         cmd.append(f"--product-version={ver}")
     cmd.append(str(staged))

@@ -205,6 +205,22 @@ class Server:
         self.proc = None
 
 
+def granian_workers(server: Server) -> list[int]:
+    """The server's worker processes: the children of granian's main process, which is the
+    server's process itself, or under a standalone binary the child of its onefile bootstrap."""
+    assert server.proc is not None
+    mains = [server.proc.pid]
+    if os.environ.get("NULLTICKETS_BINARY"):
+        mains = _children(server.proc.pid)
+    return [w for m in mains for w in _children(m)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first."""
+    found = _children(pid)
+    return found + [d for c in found for d in descendants(c)]
+
+
 def _children(pid: int) -> list[int]:
     try:
         out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
