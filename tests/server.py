@@ -113,6 +113,11 @@ class Client:
             self._conn.close()
             self._conn = None
 
+    def __del__(self) -> None:
+        # A test that failed before its close() leaves its client to the collector: closed
+        # here, its socket cannot fail a later test with an unraisable ResourceWarning.
+        self.close()
+
 
 class Server:
     """One server process on its own port and database file; with `dsn`, on that PostgreSQL

@@ -235,7 +235,9 @@ def test_long_poll_claims_count_their_wait_by_outcome(shared_server: Server) -> 
     assert moved(f"{wait}_sum", outcome="hit") > 0
     assert moved(f"{wait}_count", outcome="empty") == 1
     assert moved(f"{wait}_bucket", outcome="empty", le="0.05") == 0  # it waited its 100 ms
-    assert moved(f"{wait}_sum", outcome="empty") >= 0.1
+    # It waited its 100 ms: the sum is a difference of clock readings, and the loop's timer
+    # may fire a hair before its deadline.
+    assert moved(f"{wait}_sum", outcome="empty") >= 0.095
     assert moved("nulltickets_claims_total", result="hit", mode="long_poll") == 1
     assert moved("nulltickets_claims_total", result="empty", mode="long_poll") == 1
     assert moved("nulltickets_claims_total", mode="immediate") == 0
