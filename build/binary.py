@@ -131,8 +131,9 @@ def stage_sources(work: Path) -> Path:
     """The package as the build installs it, for Nuitka to compile: src/nulltickets, with cext/
     as nulltickets._cext (pyproject's package-dir; the editable install maps it with an import
     hook, which Nuitka does not run). Only the compiled core's extension module comes along;
-    any other in-place build product (an experiment's `service.*.so`, C files) is left out, as
-    it would otherwise take the place of its source."""
+    any other in-place build product (an experiment's `service.*.so`, C files, Cython's
+    annotated HTML) is left out, as it would otherwise take the place of its source; the
+    package's own files (the dashboard's index.html among them) all come along."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
     def leave_out(keep_extensions: bool) -> Callable[[str, list[str]], set[str]]:
@@ -141,7 +142,8 @@ def stage_sources(work: Path) -> Path:
                 n
                 for n in names
                 if n == "__pycache__"
-                or n.endswith((".c", ".html"))
+                or n.endswith(".c")
+                or (keep_extensions and n.endswith(".html"))  # Cython's annotated core
                 or (n.endswith(suffixes) and not (keep_extensions and n.startswith("core.")))
             }
 
@@ -212,11 +214,6 @@ def nuitka_command(
         # so that NULLTICKETS_PURE_PYTHON=1 can still load the interpreted core.
         cmd.append("--include-module=nulltickets._cext.core")
         cmd.append(f"--include-data-files={staged / '_cext' / 'core.py'}=nulltickets/_cext/core.py")
-    # The dashboard's files one by one: --include-package-data leaves some kinds out (its
-    # index.html was missing from the binary, so every page answered 500).
-    for asset in sorted((staged / "http" / "static").iterdir()):
-        if asset.is_file() and asset.suffix != ".py":
-            cmd.append(f"--include-data-files={asset}=nulltickets/http/static/{asset.name}")
     if os_name == "windows":
         cmd.append(f"--product-version={ver}")
     cmd.append(str(staged))
