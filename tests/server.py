@@ -203,7 +203,9 @@ class Server:
     def kill(self) -> None:
         """SIGKILL the whole process group of the server (supervisor and worker)."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in [*_children(self.proc.pid), self.proc.pid]:
+            # Every process below it too: under a standalone binary granian's worker is a
+            # grandchild (below the onefile bootstrap and granian's main process).
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait()
