@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import create_pipeline, unique
-from tests.server import Client, Server, server_command
+from tests.server import Client, Server, descendants, server_command
 
 STEPS = 4
 
@@ -195,6 +195,39 @@ def test_sigterm_releases_the_task_without_counting_a_failure(
     assert task["previous_failures"] == [] and task["dead_letter_reason"] is None
     again = client.post("/leases/claim", {"agent_id": "next", "agent_role": role})
     assert again.status == 200 and again.json["task"]["id"] == task_id
+
+
+def test_sigkill_of_the_workers_pid_leaves_no_process_of_it_running(
+    client: Client, shared_server: Server, tmp_path: Path
+) -> None:
+    """What a supervisor does to a stuck worker: SIGKILL of the pid it started (under the
+    standalone binary, the onefile bootstrap). The worker below it and the command it runs must
+    go too, or an orphaned command works on a task whose lease expires and is claimed again."""
+    pipeline, role = role_pipeline(client)
+    client.post("/tasks", {"pipeline_id": pipeline, "title": "t", "description": ""})
+    pid_file = tmp_path / "command.pid"
+    sleeper = [
+        sys.executable,
+        "-c",
+        f"import os, time, pathlib; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
+        " time.sleep(120)",
+    ]
+    w = worker(shared_server, role, sleeper, "--agent-id", "killed")
+    _wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    command = int(pid_file.read_text())
+    below = descendants(w.pid)
+    assert command in below, (command, below)
+    w.kill()
+    w.communicate(timeout=30)
+    _wait_for(lambda: not any(_alive(pid) for pid in below), timeout=20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead, only not reaped
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_sigterm_while_waiting_for_work_exits_promptly_and_claims_nothing(
