@@ -264,15 +264,31 @@ def verify(python: str = sys.executable) -> dict[str, object]:
     return found
 
 
+def installed_is_ours() -> str | None:
+    """The installed apsw's description when it already verifies as ours, else None."""
+    try:
+        found = verify()
+    except (BuildError, subprocess.CalledProcessError, json.JSONDecodeError):
+        return None
+    return f"apsw {found['apsw']}, SQLite {found['sqlite']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sdist", type=Path, default=None, help="a local apsw sdist to build")
     p.add_argument("--verify", action="store_true", help="only verify the installed apsw")
+    p.add_argument("--force", action="store_true", help="build even if the installed apsw is ours")
     args = p.parse_args(argv)
     try:
         check_vendored()
         if not args.verify:
-            build(prepare(sdist(args.sdist)))
+            reuse = None if args.force else installed_is_ours()
+            if reuse:
+                # The same apsw, SQLite source id and options: a rebuild would make the same
+                # thing (under emulation it takes hours).
+                print(f"apsw: the installed build is already ours ({reuse}); --force rebuilds")
+            else:
+                build(prepare(sdist(args.sdist)))
         found = verify()
     except BuildError as exc:
         print(f"build/build_apsw.py: {exc}", file=sys.stderr)

@@ -8,7 +8,8 @@
 #              through binfmt_misc), cached in $NULLTICKETS_EMULATED_DIR/ARCH and reused later;
 # 2. packages: the build's tools from Debian inside it (Python 3.13, a C compiler, patchelf; on
 #              riscv64 also rustc/cargo for granian and autotools for uvloop, which have no wheels);
-# 3. source:   the repository's files (tracked and new, not ignored ones) copied into it;
+# 3. source:   the repository's files (tracked and new, not ignored ones) copied into it (the
+#              release venv from an earlier run kept: its apsw is reused when it verifies);
 # 4. release:  build/release.sh, the very script every release job runs (apsw from its sdist
 #              against vendor/sqlite, Nuitka onefile, build/smoke.py);
 # 5. e2e:      the agent-contract e2e tests (AGENT_CONTRACT_TESTS below) against that binary;
@@ -147,8 +148,10 @@ packages() {
 }
 
 copy_source() {
-    rm -rf "$root/src"
+    # The release venv stays: its apsw, built from the sdist under emulation in hours, is
+    # reused when it still verifies as ours (build/build_apsw.py); everything else is fresh.
     mkdir -p "$root/src"
+    find "$root/src" -mindepth 1 -maxdepth 1 ! -name .venv-release -exec rm -rf {} +
     git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard \
         | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
     git -c safe.directory="$repo" -C "$repo" log -1 --format='source: %h %s' || true
