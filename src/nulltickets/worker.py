@@ -446,6 +446,7 @@ def _pump_stdout(child: subprocess.Popen[bytes], printed: list[str]) -> None:
     for raw in child.stdout:
         line = raw.decode("utf-8", "replace")
         sys.stdout.write(line)
+        sys.stdout.flush()
         stripped = line.strip()
         if stripped.startswith(TRIGGER_PREFIX):
             printed.append(stripped[len(TRIGGER_PREFIX) :])
@@ -457,6 +458,7 @@ def _pump_stderr(child: subprocess.Popen[bytes], tail: deque[bytes]) -> None:
     kept = 0
     for raw in child.stderr:
         sys.stderr.buffer.write(raw)
+        sys.stderr.buffer.flush()  # a log being followed shows each line as the command writes it
         tail.append(raw)
         kept += len(raw)
         while kept > STDERR_TAIL * 2 and len(tail) > 1:

@@ -78,6 +78,36 @@ def test_every_commit_reaches_on_commit_even_one_that_notifies_no_role(
     assert feed[0].id > after
 
 
+def test_an_on_commit_callback_that_is_not_wanted_is_not_called(service: Service) -> None:
+    """`wanted` is asked at each commit: False skips the call (no event stream open: no wake-up
+    of the loop per commit), True lets it through again."""
+    pipeline_id = make_pipeline(service)
+
+    async def scenario() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        want = False
+        asked = 0
+        called = asyncio.Event()
+
+        def wanted() -> bool:
+            nonlocal asked
+            asked += 1
+            return want
+
+        service.notifier.on_commit(called.set, loop, wanted=wanted)
+        value(await service.create_task(CreateTask(pipeline_id, "a", "")))
+        await asyncio.sleep(0.2)  # a call on the loop would have arrived by now
+        skipped_calls, asked_before = int(called.is_set()), asked
+        want = True
+        value(await service.create_task(CreateTask(pipeline_id, "b", "")))
+        await asyncio.wait_for(called.wait(), timeout=10)
+        return skipped_calls, asked_before, asked
+
+    skipped_calls, asked_before, asked = asyncio.run(scenario())
+    assert skipped_calls == 0
+    assert asked_before >= 1 and asked > asked_before
+
+
 def test_stats_are_numbers_by_name(service: Service) -> None:
     make_pipeline(service)
     found = service.storage_stats()

@@ -64,7 +64,7 @@ class App:
         ctx.metrics = prometheus.Metrics()
         # Event streams read what each commit added: told of every commit, not only of those
         # that notify a role (an appended run event wakes no claim).
-        db.notifier.on_commit(ctx.hub.wake, loop)
+        db.notifier.on_commit(ctx.hub.wake, loop, wanted=ctx.hub.listening)
         loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)

@@ -87,6 +87,10 @@ class StreamHub:
     def clients(self) -> int:
         return len(self._clients)
 
+    def listening(self) -> bool:
+        """Whether a commit concerns the hub at all (asked on the committing thread)."""
+        return bool(self._clients) and not self.closing
+
     def wake(self) -> None:
         """After a commit: if anyone listens, read what is new (once for all streams)."""
         if not self._clients or self.closing or self._last_id is None:

@@ -97,11 +97,17 @@ class Notifier(Protocol):
         ...
 
     def on_commit(
-        self, callback: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+        self,
+        callback: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
         """Call `callback()` after every committed unit of work of this process, whether or not
         it notified anyone (event streams read what it added), on `loop` as `subscribe` does.
-        Not filtered by `listening`: the callback decides whether it has anything to do."""
+        Not filtered by `listening`; `wanted()`, when given, is asked first on the committing
+        thread (it must be cheap and safe there) and False skips the call and its hop to
+        `loop`: with no event stream open a commit costs no wake-up of the loop."""
         ...
 
 

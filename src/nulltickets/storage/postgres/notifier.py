@@ -51,7 +51,10 @@ class PostgresNotifier:
     def __init__(self, url: str) -> None:
         self.url = url
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
-        self._on_commit: list[tuple[Callable[[], None], asyncio.AbstractEventLoop | None]] = []
+        # (callback, its loop or None for the committing thread, what says if it is wanted)
+        self._on_commit: list[
+            tuple[Callable[[], None], asyncio.AbstractEventLoop | None, Callable[[], bool] | None]
+        ] = []
         self._waiting = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,7 +81,11 @@ class PostgresNotifier:
         self._subscribers.append((callback, loop))
 
     def on_commit(
-        self, callback: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+        self,
+        callback: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
         """Called after each write this process commits (PostgresDatabase calls `committed`)
         and after every notification from any server, so streams also see other servers'
@@ -87,11 +94,13 @@ class PostgresNotifier:
         if loop is None:
             with contextlib.suppress(RuntimeError):
                 loop = asyncio.get_running_loop()
-        self._on_commit.append((callback, loop))
+        self._on_commit.append((callback, loop, wanted))
 
     def committed(self) -> None:
         """After a unit of work of this process committed (on the committing thread)."""
-        for hook, loop in list(self._on_commit):
+        for hook, loop, wanted in list(self._on_commit):
+            if wanted is not None and not wanted():
+                continue
             if loop is None:
                 hook()
             elif not loop.is_closed():

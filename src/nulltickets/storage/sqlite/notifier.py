@@ -17,13 +17,17 @@ from collections.abc import Callable, Iterator
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Wake
 
+# An after-commit callback, the loop it runs on (None: the committing thread) and what says
+# whether it is wanted at all.
+OnCommit = tuple[Callable[[], None], asyncio.AbstractEventLoop | None, Callable[[], bool] | None]
+
 
 class LocalNotifier:
     def __init__(self) -> None:
         self._pending: list[tuple[str, int]] = []
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
         self._waiting = 0  # long-poll claims in progress
-        self._on_commit: list[tuple[Callable[[], None], asyncio.AbstractEventLoop | None]] = []
+        self._on_commit: list[OnCommit] = []
 
     @property
     def listening(self) -> bool:
@@ -38,9 +42,13 @@ class LocalNotifier:
         self._subscribers.append((callback, _loop_or_running(loop)))
 
     def on_commit(
-        self, callback: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+        self,
+        callback: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
-        self._on_commit.append((callback, _loop_or_running(loop)))
+        self._on_commit.append((callback, _loop_or_running(loop), wanted))
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -54,14 +62,15 @@ class LocalNotifier:
         """After a commit, on the committing thread: hand the collected notifications over,
         on each subscriber's loop (directly when that is the loop running here); then tell
         the `on_commit` callbacks, every time."""
-        if not self._pending and not self._on_commit:
+        hooks = [(h, lp) for h, lp, wanted in self._on_commit if wanted is None or wanted()]
+        if not self._pending and not hooks:
             return
         pending, self._pending = self._pending, []
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        for hook, hook_loop in self._on_commit:
+        for hook, hook_loop in hooks:
             if hook_loop is None or hook_loop is here:
                 hook()
             elif not hook_loop.is_closed():
