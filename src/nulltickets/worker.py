@@ -14,7 +14,8 @@ While the command runs, the worker heartbeats its lease. Exit status 0 moves the
 trigger the command printed (a line `nulltickets:trigger=NAME` on stdout), else `--trigger`,
 else the stage's only transition. Any other exit fails the attempt with the tail of stderr, so
 the retry policy decides what happens next. SIGTERM or SIGINT stops the command and releases
-the task (not a failed attempt).
+the task (not a failed attempt). On Linux a SIGKILL of the worker takes the command with it
+(it gets SIGTERM from the kernel).
 
 The worker outlives the server: a claim, heartbeat or outcome that cannot reach it is tried
 again (with capped exponential backoff and jitter) until the server answers, and every write
