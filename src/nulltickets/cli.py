@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--export-manifest and --from-json must come first")
     # Every command, not only serve: a worker the onefile bootstrap leaves behind would run on
     # as an orphan once its supervisor SIGKILLs the binary's pid.
-    from nulltickets.launch import follow_onefile_parent
+    from nulltickets.lifetime import follow_onefile_parent
 
     follow_onefile_parent()
     try:

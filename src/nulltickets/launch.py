@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import sys
 
@@ -91,22 +89,6 @@ def preflight(settings: Settings) -> None:
     check_database(settings.db, durability=settings.durability)
 
 
-def follow_onefile_parent() -> None:
-    """In the standalone binary this process is the child of the onefile bootstrap, the
-    process a supervisor started and may SIGKILL. On Linux the kernel then sends us SIGTERM
-    (PR_SET_PDEATHSIG) and the bounded shutdown follows, instead of the bootstrap's own
-    watch, which gives its child a long grace time first. Elsewhere that watch stays."""
-    parent = os.environ.get("NUITKA_ONEFILE_PARENT")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if str(os.getppid()) != parent:  # it was gone before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def serve(settings: Settings) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
@@ -116,7 +98,6 @@ def serve(settings: Settings) -> None:
     from nulltickets.http.app import load_app
     from nulltickets.storage.factory import display_name, engine_description
 
-    follow_onefile_parent()
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
     logging.getLogger("nulltickets").info(

@@ -27,7 +27,6 @@ cancelled; the command is then stopped and the worker moves on to the next task.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -43,7 +42,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import cast
 
 import msgspec
 
@@ -57,6 +55,7 @@ from nulltickets.client import (
     RetryEvent,
 )
 from nulltickets.domain.model import ClaimResult
+from nulltickets.lifetime import end_with_this_process
 
 TRIGGER_PREFIX = "nulltickets:trigger="
 STDERR_TAIL = 4000  # bytes of stderr sent with a failed attempt
@@ -228,7 +227,9 @@ class Worker:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env=env,
-                    preexec_fn=_die_with_worker(),
+                    # A SIGKILLed worker takes its command with it: an orphan would go on
+                    # with a task whose lease then expires and is claimed again.
+                    preexec_fn=end_with_this_process(),
                 )
             except OSError as exc:
                 message = f"cannot start command {opts.command[0]!r}: {exc}"
@@ -380,36 +381,6 @@ class _Heartbeat:
             if self.failures:
                 self.worker.log(f"task {c.task.id}: heartbeat reached the server again")
                 self.failures = 0
-
-
-def _die_with_worker() -> Callable[[], None] | None:
-    """On Linux, what makes the command get SIGTERM when the worker dies, even by SIGKILL
-    (PR_SET_PDEATHSIG): an orphaned command would go on with a task whose lease then expires
-    and is claimed again. The worker starts commands from its main thread only, the thread
-    whose end the kernel watches. Elsewhere None: the command outlives a killed worker."""
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    worker_pid = os.getpid()
-
-    def arm() -> None:  # in the child, between fork and exec: nothing but two system calls
-        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != worker_pid:  # the worker died before the line above
-            os._exit(143)
-
-    return arm
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return cast("Callable[..., int]", ctypes.CDLL(None, use_errno=True).prctl)
-    except (OSError, AttributeError):
-        return None
 
 
 def _terminate(child: subprocess.Popen[bytes]) -> None:
