@@ -93,7 +93,7 @@ class StreamHub:
 
     def wake(self) -> None:
         """After a commit: if anyone listens, read what is new (once for all streams)."""
-        if not self._clients or self.closing or self._last_id is None:
+        if not self.listening() or self._last_id is None:
             return
         if self._fetching:
             self._again = True
