@@ -80,32 +80,42 @@ def test_every_commit_reaches_on_commit_even_one_that_notifies_no_role(
 
 def test_an_on_commit_callback_that_is_not_wanted_is_not_called(service: Service) -> None:
     """`wanted` is asked at each commit: False skips the call (no event stream open: no wake-up
-    of the loop per commit), True lets it through again."""
+    of the loop per commit), True lets it through again. A second callback, always wanted and
+    registered after it, is called after it when both are: once that one has been called for a
+    commit, so would the first have been."""
     pipeline_id = make_pipeline(service)
 
-    async def scenario() -> tuple[int, int, int]:
+    async def scenario() -> tuple[list[str], list[str], int]:
         loop = asyncio.get_running_loop()
         want = False
         asked = 0
-        called = asyncio.Event()
+        calls: list[str] = []
+        later = asyncio.Event()
 
         def wanted() -> bool:
             nonlocal asked
             asked += 1
             return want
 
-        service.notifier.on_commit(called.set, loop, wanted=wanted)
-        value(await service.create_task(CreateTask(pipeline_id, "a", "")))
-        await asyncio.sleep(0.2)  # a call on the loop would have arrived by now
-        skipped_calls, asked_before = int(called.is_set()), asked
-        want = True
-        value(await service.create_task(CreateTask(pipeline_id, "b", "")))
-        await asyncio.wait_for(called.wait(), timeout=10)
-        return skipped_calls, asked_before, asked
+        def after() -> None:
+            calls.append("after")
+            later.set()
 
-    skipped_calls, asked_before, asked = asyncio.run(scenario())
-    assert skipped_calls == 0
-    assert asked_before >= 1 and asked > asked_before
+        service.notifier.on_commit(lambda: calls.append("wanted"), loop, wanted=wanted)
+        service.notifier.on_commit(after, loop)
+        value(await service.create_task(CreateTask(pipeline_id, "a", "")))
+        await asyncio.wait_for(later.wait(), timeout=10)
+        skipped = list(calls)
+        want, later = True, asyncio.Event()
+        calls.clear()
+        value(await service.create_task(CreateTask(pipeline_id, "b", "")))
+        await asyncio.wait_for(later.wait(), timeout=10)
+        return skipped, calls, asked
+
+    skipped, let_through, asked = asyncio.run(scenario())
+    assert "wanted" not in skipped and "after" in skipped
+    assert let_through.index("wanted") < let_through.index("after")
+    assert asked >= 2
 
 
 def test_stats_are_numbers_by_name(service: Service) -> None:
