@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres test-tools run test lint typecheck clean bench bench-quick binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck clean bench bench-quick bench-postgres binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
 	touch $@
 
 # PostgreSQL from the distribution's packages, for the tests that start their own server
-# (tests/pgserver.py); a no-op once pg_ctl is there.
+# (benchmarks/pgcluster.py); a no-op once pg_ctl is there.
 postgres:
 	@bash scripts/postgres.sh install
 
@@ -29,7 +29,11 @@ test-tools:
 run: install
 	$(VENV)/bin/nulltickets serve --host $(HOST) --port $(PORT) --db $(DB)
 
-test: install postgres test-tools
+# Debian's chromium and chromedriver for the dashboard's browser tests (a no-op once there).
+browser:
+	@bash scripts/browser.sh
+
+test: install postgres test-tools browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -46,10 +50,19 @@ typecheck: install
 clean:
 	rm -rf $(VENV) build/lib dist *.egg-info src/*.egg-info .pytest_cache
 
-bench: install
-	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md
+# The revision whose SQLite cycle rows `make bench` measures beside this tree's, interleaved
+# (benchmarks/baseline.py): main just before the storage seam and PostgreSQL. Empty: none.
+BENCH_BASELINE ?= ea98929
 
-bench-quick: install
+# PostgreSQL for the benchmark's postgres rows; when it cannot be installed, those rows say so.
+bench-postgres:
+	@bash scripts/postgres.sh install || echo "PostgreSQL not installed: the postgres rows will say so"
+
+bench: install bench-postgres
+	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md \
+		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+
+bench-quick: install bench-postgres
 	$(PY) -m benchmarks --quick --out bench-results.json
 
 # The long versions of the reliability suites (tests/reliability): 25 kill/restart cycles, minutes
@@ -73,8 +86,11 @@ soak-power-cut: install
 # The standalone executable: dist/nulltickets-<os>-<arch>.bin (Nuitka onefile, see build/).
 BINARY ?= $(shell $(PY) build/binary.py --print-path 2>/dev/null)
 
+# apsw is rebuilt from its sdist against vendor/sqlite first (build/build_apsw.py), as every
+# release job does, so this binary carries the release's SQLite, not the apsw wheel's.
 binary: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py
 
 # The e2e suite against the built executable instead of `python -m nulltickets`.
@@ -85,5 +101,6 @@ test-binary: install
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[binary]'
+	$(PY) build/build_apsw.py
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py

@@ -1,11 +1,18 @@
 """`python -m benchmarks`: every figure of the claim-throughput benchmark, as a table and JSON.
 
-Sections:
-  cycle       HTTP agent cycle (claim -> event -> transition) at 1, 4, 16 and 64 agents
+Sections (--sections picks some, comma-separated; all by default):
+  cycle       HTTP agent cycle (claim -> event -> transition) on SQLite at 1, 4, 16, 64 agents
   durability  the same cycle at 16 agents with synchronous=FULL and NORMAL
+  postgres    the cycle on PostgreSQL at 16 and 64 agents: one server, and two servers on one
+              database with the agents split across them (a throwaway cluster of its own)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
   ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks
+  idle        idle long-poll agents, idle event streams and a /metrics scrape: server CPU
   core        claim+transition cycles/s in-process, without HTTP, per core implementation
+
+--baseline REV runs the cycle section's rows for the revision REV too (a temporary git
+worktree served by this Python), interleaved with this tree's runs (REV, tree, REV, tree, ...),
+and prints both with their ratio (benchmarks/baseline.py).
 
 No figure is asserted: machines are shared and noisy. Each HTTP cycle figure is the median of
 three runs (`--rounds`), each on a fresh server and database. The agents are the native load client
@@ -26,16 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import BenchServer, bulk_load, create_pipeline
-from benchmarks.load import ENDPOINTS, native_client, run_agents
+from benchmarks.cycle import cycle, cycle_rounds, median_run, pct
+from benchmarks.load import native_client
 from benchmarks.seed import measure_claims, measure_ops_queue, seed_database
 
+__all__ = ["SECTIONS", "main", "median_run", "pct", "render"]
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+SECTIONS = ("cycle", "durability", "postgres", "backlog", "ops_queue", "idle", "core")
 
 
 def machine() -> dict[str, Any]:
@@ -60,75 +64,86 @@ def machine() -> dict[str, Any]:
     }
 
 
-def cycle(workdir: Path, agents: int, tasks: int, durability: str) -> dict[str, Any]:
-    db = workdir / f"cycle-{agents}-{durability}.db"
-    with BenchServer(db, durability=durability) as server:
-        pipeline = create_pipeline(server)
-        ids = bulk_load(server, pipeline, tasks)
-        cpu0 = server.cpu_s()
-        report, wall = run_agents(server.port, agents, "worker", "complete", processes=4)
-        server_cpu = server.cpu_s() - cpu0
-        peak = server.peak_rss_mb()
-    completed = report.completed
-    requests = sum(len(report.latencies[e]) for e in ENDPOINTS)
-    cpus = os.cpu_count() or 1
-    client_cores = report.cpu_s / wall
-    result = {
-        "agents": agents,
-        "durability": durability,
-        "tasks": tasks,
-        "seconds": round(wall, 3),
-        "cycles_per_s": round(len(completed) / wall, 1),
-        "requests_per_s": round(requests / wall, 1),
-        "latency_ms": {
-            e: {
-                q: round(pct(report.latencies[e], v), 3)
-                for q, v in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-            }
-            for e in ENDPOINTS
-        },
-        "completed_exactly_once": sorted(completed) == sorted(ids),
-        "errors": report.errors,
-        "server_cpu_cores": round(server_cpu / wall, 2),
-        "client_cpu_cores": round(client_cores, 2),
-        "client_bound": client_cores > 0.5 * cpus,
-        "server_peak_rss_mb": round(peak, 1),
-    }
-    return result
+def parse_sections(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown section {', '.join(unknown) or '(none)'}; choose from {', '.join(SECTIONS)}"
+        )
+    return chosen
 
 
-def cycle_rounds(
-    workdir: Path, agents: int, tasks: int, durability: str, rounds: int
-) -> dict[str, Any]:
-    """`rounds` runs of the cycle, each on a fresh server and database. The figures are those
-    of the median run (by cycles/s): a shared machine's speed drifts by several percent from
-    one run to the next. Every run's cycles/s is kept, and every run must complete each task
-    exactly once."""
-    return median_run([cycle(workdir, agents, tasks, durability) for _ in range(rounds)])
+def cycle_with_baseline(
+    work: Path, rev: str, agents_list: tuple[int, ...], tasks_for: Any, rounds: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The cycle rows, each round of each row run first on `rev` and then on this tree."""
+    from benchmarks.baseline import BaselineTree, common_core, compare, core_env
+    from nulltickets import core
 
-
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median cycles/s, carrying every run's cycles/s, whether all of them
-    completed each task exactly once, and the highest peak memory of any."""
-    ordered = sorted(runs, key=lambda r: r["cycles_per_s"])
-    result = dict(ordered[(len(ordered) - 1) // 2])  # the lower median when even
-    result["rounds_cycles_per_s"] = [r["cycles_per_s"] for r in runs]
-    result["completed_exactly_once"] = all(r["completed_exactly_once"] for r in runs)
-    result["server_peak_rss_mb"] = max(r["server_peak_rss_mb"] for r in runs)
-    return result
+    this_python = [sys.executable, "-m", "nulltickets"]  # both sides: no NULLTICKETS_BINARY
+    print(f"  checking out {rev} and building its core", flush=True)
+    with BaselineTree(rev, build_core=core.IMPLEMENTATION == "compiled") as tree:
+        shared = common_core(core.IMPLEMENTATION, tree.core)
+        tree.probe(shared)  # the checkout imports from itself
+        before_env, after_env = tree.env(shared), core_env(shared)
+        info: dict[str, Any] = {"rev": rev, "commit": tree.commit, "core": shared, "rows": []}
+        if shared != core.IMPLEMENTATION:
+            info["note"] = (
+                f"{rev} has no compiled core ({tree.build_note}): both sides ran the "
+                "interpreted core."
+            )
+        elif tree.build_note:
+            info["note"] = f"{rev}'s compiled core: {tree.build_note}."
+        rows = []
+        for agents in agents_list:
+            before, after = [], []
+            for _ in range(rounds):
+                tasks = tasks_for(agents)
+                before.append(cycle(work, agents, tasks, "normal", env=before_env, cmd=this_python))
+                after.append(cycle(work, agents, tasks, "normal", env=after_env, cmd=this_python))
+            row = median_run(after)
+            rows.append(row)
+            info["rows"].append(compare(median_run(before), row))
+            c = info["rows"][-1]
+            print(
+                f"  {agents:>3} agents: {c['before_cycles_per_s']:>8.0f} cycles/s at {rev}, "
+                f"{c['after_cycles_per_s']:>8.0f} here (ratio {c['ratio']})",
+                flush=True,
+            )
+    return rows, info
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
     p.add_argument("--out", default="bench-results.json", help="JSON results file")
     p.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     p.add_argument(
         "--rounds", type=int, default=None, help="runs per HTTP cycle figure (3; quick: 1)"
     )
+    p.add_argument(
+        "--sections",
+        type=parse_sections,
+        default=list(SECTIONS),
+        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="also run the SQLite cycle rows of git revision REV, interleaved with this tree's",
+    )
     args = p.parse_args(argv)
 
     quick = args.quick
+    sections: list[str] = args.sections
+    if args.baseline and "cycle" not in sections:
+        sections = ["cycle", *sections]
     rounds = max(1, args.rounds or (1 if quick else 3))
     agents_list = (1, 4) if quick else (1, 4, 16, 64)
 
@@ -142,65 +157,101 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "quick": quick,
         "rounds": rounds,
+        "sections": sections,
         "started": time.time(),
     }
 
     with tempfile.TemporaryDirectory(prefix="nulltickets-bench-") as tmp:
         work = Path(tmp)
-        print("HTTP agent cycle (claim -> event -> transition), durability normal", flush=True)
-        results["cycle"] = []
-        for agents in agents_list:
-            r = cycle_rounds(work, agents, tasks_for(agents), "normal", rounds)
-            results["cycle"].append(r)
-            print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
+        if "cycle" in sections:
+            print("HTTP agent cycle (claim -> event -> transition), durability normal", flush=True)
+            if args.baseline:
+                from benchmarks.baseline import BaselineError
 
-        print("Durability", flush=True)
-        dur_agents = 4 if quick else 16
-        results["durability"] = {
-            d: cycle_rounds(work, dur_agents, tasks_for(dur_agents), d, rounds)
-            for d in ("full", "normal")
-        }
+                try:
+                    results["cycle"], results["baseline"] = cycle_with_baseline(
+                        work, args.baseline, agents_list, tasks_for, rounds
+                    )
+                except BaselineError as exc:  # no git, no such revision: the rest still runs
+                    print(f"  no comparison with {args.baseline}: {exc}", flush=True)
+                    results["baseline"] = {"rev": args.baseline, "error": str(exc)}
+            if "cycle" not in results:
+                results["cycle"] = []
+                for agents in agents_list:
+                    r = cycle_rounds(work, agents, tasks_for(agents), "normal", rounds)
+                    results["cycle"].append(r)
+                    print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
 
-        print("Backlog scaling", flush=True)
-        claims = 40 if quick else 300
-        ready = claims + 50  # enough ready tasks for every measured claim
-        scenarios = {
-            f"{small}_total": dict(done=small - ready, waiting=ready),
-            f"{big}_mostly_done": dict(done=big - ready, waiting=ready),
-            f"{big}_waiting": dict(done=0, waiting=big),
-        }
-        backlog: dict[str, Any] = {}
-        for name, shape in scenarios.items():
-            db = work / f"backlog-{name}.db"
-            seed_database(db, **shape)
-            backlog[name] = measure_claims(db, claims=claims)
-        base = backlog[f"{small}_total"]["claim_p50_ms"]
-        backlog["ratio_mostly_done"] = round(
-            backlog[f"{big}_mostly_done"]["claim_p50_ms"] / base, 2
-        )
-        backlog["ratio_waiting"] = round(backlog[f"{big}_waiting"]["claim_p50_ms"] / base, 2)
-        results["backlog"] = backlog
+        if "durability" in sections:
+            print("Durability", flush=True)
+            dur_agents = 4 if quick else 16
+            results["durability"] = {
+                d: cycle_rounds(work, dur_agents, tasks_for(dur_agents), d, rounds)
+                for d in ("full", "normal")
+            }
 
-        print("/ops/queue", flush=True)
-        ops: dict[str, Any] = {}
-        for n in (100, big):
-            db = work / f"ops-{n}.db"
-            seed_database(db, done=n, waiting=20)
-            ops[str(n)] = measure_ops_queue(db, calls=20 if quick else 200)
-        ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
-        results["ops_queue"] = ops
+        if "postgres" in sections:
+            print("PostgreSQL: one server, and two on one database", flush=True)
+            from benchmarks.postgres import postgres_rows
 
-        print("Idle long-poll agents", flush=True)
-        from benchmarks.idle import idle_long_poll
+            results["postgres"], results["machine"]["postgresql"] = postgres_rows(
+                work, (16,) if quick else (16, 64), 300 if quick else 1_000, rounds
+            )
 
-        results["idle_long_poll"] = idle_long_poll(
-            work, agents=50 if quick else 200, seconds=3.0 if quick else 10.0
-        )
+        if "backlog" in sections:
+            print("Backlog scaling", flush=True)
+            claims = 40 if quick else 300
+            ready = claims + 50  # enough ready tasks for every measured claim
+            scenarios = {
+                f"{small}_total": dict(done=small - ready, waiting=ready),
+                f"{big}_mostly_done": dict(done=big - ready, waiting=ready),
+                f"{big}_waiting": dict(done=0, waiting=big),
+            }
+            backlog: dict[str, Any] = {}
+            for name, shape in scenarios.items():
+                db = work / f"backlog-{name}.db"
+                seed_database(db, **shape)
+                backlog[name] = measure_claims(db, claims=claims)
+            base = backlog[f"{small}_total"]["claim_p50_ms"]
+            backlog["ratio_mostly_done"] = round(
+                backlog[f"{big}_mostly_done"]["claim_p50_ms"] / base, 2
+            )
+            backlog["ratio_waiting"] = round(backlog[f"{big}_waiting"]["claim_p50_ms"] / base, 2)
+            results["backlog"] = backlog
 
-        print("Core, in-process", flush=True)
-        from benchmarks.core import core_cycles
+        if "ops_queue" in sections:
+            print("/ops/queue", flush=True)
+            ops: dict[str, Any] = {}
+            for n in (100, big):
+                db = work / f"ops-{n}.db"
+                seed_database(db, done=n, waiting=20)
+                ops[str(n)] = measure_ops_queue(db, calls=20 if quick else 200)
+            ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
+            results["ops_queue"] = ops
 
-        results["core"] = core_cycles(work, cycles=500 if quick else 5000)
+        if "idle" in sections:
+            print("Idle long-poll agents", flush=True)
+            from benchmarks.idle import idle_long_poll
+
+            results["idle_long_poll"] = idle_long_poll(
+                work, agents=50 if quick else 200, seconds=3.0 if quick else 10.0
+            )
+
+            print("Idle event streams, and a /metrics scrape", flush=True)
+            from benchmarks.live import idle_sse, metrics_cost
+
+            results["idle_sse"] = idle_sse(
+                work, clients=50 if quick else 200, seconds=3.0 if quick else 10.0
+            )
+            results["metrics"] = metrics_cost(
+                work, calls=20 if quick else 200, done=1000 if quick else big
+            )
+
+        if "core" in sections:
+            print("Core, in-process", flush=True)
+            from benchmarks.core import core_cycles
+
+            results["core"] = core_cycles(work, cycles=500 if quick else 5000)
 
     results["finished"] = time.time()
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -213,64 +264,99 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cycle_row(c: dict[str, Any]) -> str:
+    """One row of the cycle table: a measured run, or what kept it from being measured."""
+    engine = c.get("engine", "sqlite")
+    durability = c.get("durability", "normal")
+    head = f"| {engine} | {c.get('servers', 1)} | {c['agents']} | {durability} |"
+    if "not_measured" in c:
+        return f"{head} not measured: {c['not_measured']} |" + " |" * 8
+    lat = c["latency_ms"]
+    bound = " (client-bound)" if c["client_bound"] else ""
+    return (
+        f"{head} {c['cycles_per_s']:.0f}{bound} | "
+        f"{c['requests_per_s']:.0f} | {lat['claim']['p50']:.2f} / {lat['claim']['p99']:.2f} | "
+        f"{lat['event']['p99']:.2f} | {lat['transition']['p99']:.2f} | "
+        f"{c['server_cpu_cores']:.2f} | {c['client_cpu_cores']:.2f} | "
+        f"{c['server_peak_rss_mb']:.0f} | {'yes' if c['completed_exactly_once'] else 'NO'} |"
+    )
+
+
 def render(r: dict[str, Any]) -> str:
     m = r["machine"]
+    postgres = f", PostgreSQL {m['postgresql']}" if m.get("postgresql") else ""
     lines = [
         f"nulltickets {m['nulltickets']} (core: {m['core']}), Python {m['python']}, "
-        f"SQLite {m['sqlite']}, granian {m['granian']}, {m['cpus']} CPUs, {m['machine']}, "
-        f"load client {m.get('load_client', 'python')}",
-        "",
-        "| agents | durability | cycles/s | req/s | claim p50/p99 ms | event p99 ms | "
-        "transition p99 ms | server CPU | client CPU | peak RSS MB | exactly once |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"SQLite {m['sqlite']}{postgres}, granian {m['granian']}, {m['cpus']} CPUs, "
+        f"{m['machine']}, load client {m.get('load_client', 'python')}",
     ]
-    rounds = r.get("rounds", 1)
-    note = (
-        f"Each row is the median of {rounds} runs (a fresh server and database each); "
-        "every run's cycles/s is in the JSON."
-        if rounds > 1
-        else "Each row is one run (a fresh server and database)."
-    )
-    rows = [*r["cycle"], *r["durability"].values()]
-    for c in rows:
-        lat = c["latency_ms"]
-        bound = " (client-bound)" if c["client_bound"] else ""
+    rows = [*r.get("cycle", []), *r.get("durability", {}).values(), *r.get("postgres", [])]
+    if rows:
+        lines += [
+            "",
+            "| engine | servers | agents | durability | cycles/s | req/s | claim p50/p99 ms | "
+            "event p99 ms | transition p99 ms | server CPU | client CPU | peak RSS MB | "
+            "exactly once |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            *(cycle_row(c) for c in rows),
+        ]
+        rounds = r.get("rounds", 1)
         lines.append(
-            f"| {c['agents']} | {c['durability']} | {c['cycles_per_s']:.0f}{bound} | "
-            f"{c['requests_per_s']:.0f} | {lat['claim']['p50']:.2f} / {lat['claim']['p99']:.2f} | "
-            f"{lat['event']['p99']:.2f} | {lat['transition']['p99']:.2f} | "
-            f"{c['server_cpu_cores']:.2f} | {c['client_cpu_cores']:.2f} | "
-            f"{c['server_peak_rss_mb']:.0f} | {'yes' if c['completed_exactly_once'] else 'NO'} |"
+            f"\nEach row is the median of {rounds} runs (a fresh server and database each); "
+            "every run's cycles/s is in the JSON. Two servers share one database, the agents "
+            "split across them; their CPU is the sum, their RSS the larger."
+            if rounds > 1
+            else "\nEach row is one run (a fresh server and database)."
         )
-    lines.append(f"\n{note}")
-    b = r["backlog"]
-    claims = {k: v for k, v in b.items() if isinstance(v, dict)}
-    lines += ["", "| backlog | claim p50 ms | claim p95 ms |", "|---|---:|---:|"]
-    lines += [
-        f"| {k} | {v['claim_p50_ms']:.2f} | {v['claim_p95_ms']:.2f} |" for k, v in claims.items()
-    ]
-    lines.append(
-        f"\nBacklog ratio (mostly done / small): {b['ratio_mostly_done']}; "
-        f"(all waiting / small): {b['ratio_waiting']}"
-    )
-    o = r["ops_queue"]
-    sizes = [k for k in o if k != "ratio"]
-    lines.append(
-        "/ops/queue p50: "
-        + ", ".join(f"{k} finished tasks {o[k]['p50_ms']:.2f} ms" for k in sizes)
-        + f" (ratio {o['ratio']})"
-    )
-    idle = r["idle_long_poll"]
-    lines.append(
-        f"{idle['agents']} agents long-polling an empty queue: server CPU "
-        f"{idle['server_cpu_percent_of_one_core']:.2f}% of one core over {idle['seconds']} s"
-    )
-    core = r["core"]
-    lines.append(
-        "Core in-process claim+event+transition: "
-        + ", ".join(f"{k} {v:.0f} cycles/s" for k, v in core["cycles_per_s"].items())
-        + (f" (compiled/python {core['ratio']})" if core.get("ratio") else "")
-    )
+    if "baseline" in r:
+        from benchmarks.baseline import render as render_baseline
+
+        lines += ["", *render_baseline(r["baseline"])]
+    if "backlog" in r:
+        b = r["backlog"]
+        claims = {k: v for k, v in b.items() if isinstance(v, dict)}
+        lines += ["", "| backlog | claim p50 ms | claim p95 ms |", "|---|---:|---:|"]
+        lines += [
+            f"| {k} | {v['claim_p50_ms']:.2f} | {v['claim_p95_ms']:.2f} |"
+            for k, v in claims.items()
+        ]
+        lines.append(
+            f"\nBacklog ratio (mostly done / small): {b['ratio_mostly_done']}; "
+            f"(all waiting / small): {b['ratio_waiting']}"
+        )
+    if "ops_queue" in r:
+        o = r["ops_queue"]
+        sizes = [k for k in o if k != "ratio"]
+        lines.append(
+            "/ops/queue p50: "
+            + ", ".join(f"{k} finished tasks {o[k]['p50_ms']:.2f} ms" for k in sizes)
+            + f" (ratio {o['ratio']})"
+        )
+    if "idle_long_poll" in r:
+        idle = r["idle_long_poll"]
+        lines.append(
+            f"{idle['agents']} agents long-polling an empty queue: server CPU "
+            f"{idle['server_cpu_percent_of_one_core']:.2f}% of one core over {idle['seconds']} s"
+        )
+    if "idle_sse" in r:
+        sse = r["idle_sse"]
+        lines.append(
+            f"{sse['clients']} idle event streams (GET /events/stream): server CPU "
+            f"{sse['server_cpu_percent_of_one_core']:.2f}% of one core over {sse['seconds']} s"
+        )
+    if "metrics" in r:
+        mc = r["metrics"]
+        lines.append(
+            f"GET /metrics p50: {mc['p50_ms']:.2f} ms with {mc['finished_tasks']} finished tasks "
+            f"({mc['bytes']} bytes)"
+        )
+    if "core" in r:
+        core = r["core"]
+        lines.append(
+            "Core in-process claim+event+transition: "
+            + ", ".join(f"{k} {v:.0f} cycles/s" for k, v in core["cycles_per_s"].items())
+            + (f" (compiled/python {core['ratio']})" if core.get("ratio") else "")
+        )
     return "\n".join(lines)
 
 

@@ -56,10 +56,30 @@ def _proc_peak_rss_mb(pid: int) -> float:
 
 
 class BenchServer:
-    def __init__(self, db: Path, *, durability: str = "normal", extra: list[str] | None = None):
+    """`nulltickets serve` on a free port. `db` is a SQLite file or a PostgreSQL URL (then `log`
+    names the server's log file; a file's log sits beside it). `env` adds to the environment
+    and `cmd` replaces the command that starts the server (default: $NULLTICKETS_BINARY, else
+    this Python's `-m nulltickets`)."""
+
+    def __init__(
+        self,
+        db: Path | str,
+        *,
+        durability: str = "normal",
+        extra: list[str] | None = None,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        cmd: list[str] | None = None,
+    ):
         self.db, self.port = db, free_port()
-        binary = os.environ.get("NULLTICKETS_BINARY")
-        cmd = [binary] if binary else [sys.executable, "-m", "nulltickets"]
+        if log is None:
+            assert isinstance(db, Path), "a server on a URL needs a log path"
+            log = db.with_suffix(".log")
+        self.log_path = log
+        self.env = env or {}
+        if cmd is None:
+            binary = os.environ.get("NULLTICKETS_BINARY")
+            cmd = [binary] if binary else [sys.executable, "-m", "nulltickets"]
         self.cmd = [
             *cmd,
             "serve",
@@ -74,17 +94,25 @@ class BenchServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> BenchServer:
-        env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home")}
-        self.log = open(self.db.with_suffix(".log"), "wb")
+        env = {**os.environ, "NULLTICKETS_HOME": str(self.log_path.parent / "home"), **self.env}
+        self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
                 self.get("/health")
                 return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError("server did not become healthy")
+        exited = self.proc.poll() is not None
+        if not exited:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()
+        last = (self.output().strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(
+            f"server {'exited at start' if exited else 'did not become healthy'}: {last}"
+        )
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
@@ -93,7 +121,7 @@ class BenchServer:
         self.log.close()
 
     def output(self) -> str:
-        return self.db.with_suffix(".log").read_text(errors="replace")
+        return self.log_path.read_text(errors="replace")
 
     @property
     def pids(self) -> list[int]:

@@ -154,16 +154,17 @@ def native_client() -> Path | None:
 
 
 def _native(
-    binary: Path, port: int, shares: list[int], role: str, trigger: str
+    binary: Path, ports: list[int], shares: list[int], role: str, trigger: str
 ) -> tuple[list[AgentReport], float]:
-    """Run the native client processes; returns their reports and the agreed start time."""
+    """Run the native client processes, the k-th against ports[k]; returns their reports and
+    the agreed start time."""
     start = time.time() + 0.5  # every process connects, then waits for this moment
     procs = [
         subprocess.Popen(
             [str(binary), str(port), str(n), role, trigger, repr(start), f"agent{k}"],
             stdout=subprocess.PIPE,
         )
-        for k, n in enumerate(shares)
+        for k, (port, n) in enumerate(zip(ports, shares, strict=True))
     ]
     reports = []
     for proc in procs:
@@ -183,15 +184,18 @@ def _native(
 
 
 def run_agents(
-    port: int, agents: int, role: str, trigger: str, processes: int
+    port: int | list[int], agents: int, role: str, trigger: str, processes: int
 ) -> tuple[AgentReport, float]:
     """Run `agents` agents spread over `processes` client processes until the queue is empty.
-    Returns the merged report and the wall time."""
-    processes = max(1, min(processes, agents))
+    Given several ports (servers on one database), the processes take them in turn, so the
+    agents are split evenly across the servers. Returns the merged report and the wall time."""
+    ports = port if isinstance(port, list) else [port]
+    processes = max(1, min(max(processes, len(ports)), agents))
+    process_ports = [ports[i % len(ports)] for i in range(processes)]
     binary = native_client()
     if binary is not None:
         shares = [len(range(i, agents, processes)) for i in range(processes)]
-        reports, start = _native(binary, port, shares, role, trigger)
+        reports, start = _native(binary, process_ports, shares, role, trigger)
         wall = time.time() - start
     else:
         names = [f"agent-{i}" for i in range(agents)]
@@ -200,7 +204,8 @@ def run_agents(
         start = time.time() + 1.5  # spawn and import time, outside the measured stretch
         with ctx.Pool(processes) as pool:
             results = [
-                pool.apply_async(_process, (port, s, role, trigger, start)) for s in name_shares
+                pool.apply_async(_process, (p, s, role, trigger, start))
+                for p, s in zip(process_ports, name_shares, strict=True)
             ]
             reports = [r.get() for r in results]
         wall = time.time() - start

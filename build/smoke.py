@@ -41,6 +41,22 @@ def source_version() -> str:
     return m.group(1)
 
 
+def vendored_sqlite() -> tuple[str, set[str]]:
+    """vendor/sqlite's version and the options /health must report (build/sqlite-options.txt,
+    as apsw.compile_options spells them, among those the server reports)."""
+    header = (ROOT / "vendor" / "sqlite" / "sqlite3.h").read_text(encoding="utf-8")
+    m = re.search(r'^#define SQLITE_VERSION\s+"([^"]+)"', header, re.M)
+    assert m, "no SQLITE_VERSION in vendor/sqlite/sqlite3.h"
+    options = set()
+    text = (ROOT / "build" / "sqlite-options.txt").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            options.add(fields[0].removeprefix("SQLITE_"))
+    reported = ("ENABLE_", "OMIT_", "DQS=", "THREADSAFE=", "DEFAULT_MEMSTATUS=", "LIKE_DOESNT")
+    return m.group(1), {o for o in options if o.startswith(reported)}
+
+
 def wait_healthy(proc: subprocess.Popen[bytes], port: int, timeout: float) -> float:
     """Seconds from now until the first `200` from /health; polls every 5 ms."""
     started = time.perf_counter()
@@ -124,7 +140,9 @@ def smoke(
     binary: Path, expect_core: str | None, timeout: float, uvloop_check: bool = True
 ) -> dict[str, Any]:
     version = source_version()
-    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    # The first run unpacks the onefile payload: slow under emulation, so the same patience.
+    slow = max(60.0, timeout)
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=slow)
     line = out.stdout.strip()
     m = re.fullmatch(r"nulltickets v(\S+) \(core: (compiled|python)\)", line)
     check(out.returncode == 0 and m is not None, f"--version prints {line!r}")
@@ -135,7 +153,7 @@ def smoke(
 
     pure_env = {**os.environ, "NULLTICKETS_PURE_PYTHON": "1"}
     out = subprocess.run(
-        [str(binary), "--version"], capture_output=True, text=True, timeout=60, env=pure_env
+        [str(binary), "--version"], capture_output=True, text=True, timeout=slow, env=pure_env
     )
     check(
         out.returncode == 0 and out.stdout.strip().endswith("(core: python)"),
@@ -144,7 +162,7 @@ def smoke(
     )
 
     out = subprocess.run(
-        [str(binary), "--export-manifest"], capture_output=True, text=True, timeout=60
+        [str(binary), "--export-manifest"], capture_output=True, text=True, timeout=slow
     )
     manifest = json.loads(out.stdout)
     check(
@@ -173,6 +191,18 @@ def smoke(
             check(
                 status == 200 and health["status"] == "ok" and health["version"] == version,
                 f"/health says ok, version {version}, core {health.get('core')}",
+            )
+            sqlite_version, sqlite_options = vendored_sqlite()
+            check(
+                health.get("sqlite_version") == sqlite_version,
+                f"/health reports SQLite {health.get('sqlite_version')}, vendor/sqlite's",
+            )
+            missing = sqlite_options - set(health.get("sqlite_options", []))
+            check(not missing, f"/health reports build/sqlite-options.txt (missing: {missing})")
+            log_text = log_path.read_text(errors="replace")
+            check(
+                f"SQLite {sqlite_version} (" in log_text,
+                "the start line names the SQLite version and options",
             )
             definition = {
                 "initial": "todo",
@@ -214,6 +244,7 @@ def smoke(
         "healthy_ms": round(healthy_s * 1000, 1),
         "core": health.get("core"),
         "uvloop": uvloop,
+        "sqlite_version": health.get("sqlite_version"),
     }
 
 

@@ -1,14 +1,17 @@
 """Release manifest: checksums and a JSON description of the binaries a release publishes.
 
     python release/manifest.py write DIR --version V --commit SHA [--require-all]
-    python release/manifest.py verify DIR
+    python release/manifest.py verify DIR [--nullhub FILE] [--require-all]
     python release/manifest.py version              # nulltickets.__version__, from the source
     python release/manifest.py check-tag vYYYY.M.D  # exit 1 unless the tag is v<__version__>
 
 `write` reads every `nulltickets-<os>-<arch>.<bin|exe>` in DIR and writes `SHA256SUMS` (the
 format `sha256sum --check` reads) and `release-manifest.json` (name, version, commit, and per
 asset its platform, size and SHA-256). `verify` re-hashes the assets and fails on any file that
-is missing, changed, or not listed. Standard library only: the release job runs it on a bare
+is missing, changed, or not listed; with `--nullhub FILE` (what a release binary prints with
+`--export-manifest`) also any asset whose name is not one nullhub's manifest names, or a
+version that differs from it, and with `--require-all` any platform without its asset.
+Standard library only: the release job runs it on a bare
 Python, without installing the package.
 """
 
@@ -141,8 +144,19 @@ def read_sums(path: Path) -> dict[str, str]:
     return sums
 
 
-def verify(folder: Path) -> list[str]:
-    """Every problem found, empty when the folder is exactly what the manifest describes."""
+def nullhub_assets(nullhub: dict[str, Any]) -> dict[str, str]:
+    """{asset name: nullhub target triple} from nullhub's component manifest."""
+    platforms = nullhub.get("platforms")
+    if not isinstance(platforms, dict) or not platforms:
+        raise ManifestError("the nullhub manifest lists no platforms")
+    return {str(entry["asset"]): str(triple) for triple, entry in platforms.items()}
+
+
+def verify(
+    folder: Path, *, nullhub: dict[str, Any] | None = None, require_all: bool = False
+) -> list[str]:
+    """Every problem found, empty when the folder is exactly what the manifest describes (and,
+    given nullhub's manifest, what nullhub will look for)."""
     problems: list[str] = []
     try:
         doc = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
@@ -172,6 +186,25 @@ def verify(folder: Path) -> list[str]:
         m = ASSET.match(name)
         if m is None or entry.get("platform") != PLATFORMS.get((m.group(1), m.group(2))):
             problems.append(f"{name}: wrong platform {entry.get('platform')!r}")
+    if require_all:
+        for name in sorted({asset_name(*t) for t in PLATFORMS} - set(listed)):
+            problems.append(f"{name}: no such asset in the release")
+    if nullhub is not None:
+        try:
+            expected = nullhub_assets(nullhub)
+        except (KeyError, TypeError, ManifestError) as exc:
+            return [*problems, f"nullhub manifest: {exc}"]
+        if nullhub.get("version") != doc.get("version"):
+            theirs, ours = nullhub.get("version"), doc.get("version")
+            problems.append(f"nullhub manifest version {theirs!r}, release {ours!r}")
+        for name, entry in sorted(listed.items()):
+            if name not in expected:
+                problems.append(f"{name}: not an asset nullhub's manifest names")
+            elif expected[name] != entry.get("platform"):
+                problems.append(f"{name}: nullhub expects it for {expected[name]}")
+        if require_all:
+            for name in sorted(set(expected) - set(listed)):
+                problems.append(f"{name}: nullhub's manifest names it, the release lacks it")
     return problems
 
 
@@ -185,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--require-all", action="store_true", help="fail unless every platform is there")
     v = sub.add_parser("verify", help="check DIR against its SHA256SUMS and manifest")
     v.add_argument("dir", type=Path)
+    v.add_argument("--nullhub", type=Path, default=None, help="`--export-manifest` output")
+    v.add_argument("--require-all", action="store_true", help="fail unless every platform is there")
     sub.add_parser("version", help="print nulltickets.__version__")
     t = sub.add_parser("check-tag", help="exit 1 unless TAG is v<__version__>")
     t.add_argument("tag")
@@ -202,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{a['sha256']}  {a['size']:>10}  {a['name']}")
             return 0
         if args.cmd == "verify":
-            problems = verify(args.dir)
+            nullhub = None
+            if args.nullhub is not None:
+                nullhub = json.loads(args.nullhub.read_text(encoding="utf-8"))
+            problems = verify(args.dir, nullhub=nullhub, require_all=args.require_all)
             for problem in problems:
                 print(f"release/manifest.py: {problem}", file=sys.stderr)
             if not problems:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# PostgreSQL for the tests, from the distribution's packages:
+# PostgreSQL for the tests and the benchmarks, from the distribution's packages:
 #   scripts/postgres.sh install         install the server (a no-op when pg_ctl is already there)
 #   scripts/postgres.sh bindir          print the folder holding pg_ctl and initdb
 #   scripts/postgres.sh start DIR PORT  a throwaway cluster in DIR on 127.0.0.1:PORT (socket in DIR)
 #   scripts/postgres.sh stop DIR        stop the cluster in DIR (fast shutdown)
-# The tests start and stop their own server (tests/postgres.py); start/stop are for trying
-# things by hand. initdb refuses to run as root, so as root the cluster belongs to the
-# `postgres` user that the package creates.
+# The tests and `make bench` start and stop their own server (benchmarks/pgcluster.py);
+# start/stop are for trying things by hand. initdb refuses to run as root, so as root the
+# cluster belongs to the `postgres` user that the package creates.
 set -euo pipefail
 
 bindir() {

@@ -1,6 +1,9 @@
 """Run the real server as a subprocess on a free port, and talk to it over real sockets.
 
 `NULLTICKETS_BINARY` names an executable to test instead of `python -m nulltickets`.
+`NULLTICKETS_TEST_TIME_SCALE` (default 1) multiplies the waits for a server to start, answer
+and stop: build/emulated.sh sets it for a binary running under QEMU, where every instruction
+is translated.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+TIME_SCALE = float(os.environ.get("NULLTICKETS_TEST_TIME_SCALE", "1"))
 
 
 def free_port() -> int:
@@ -56,7 +61,7 @@ class Client:
     host: str
     port: int
     token: str | None = None
-    timeout: float = 30.0
+    timeout: float = 30.0 * TIME_SCALE
     _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
 
     def request(
@@ -108,9 +113,15 @@ class Client:
             self._conn.close()
             self._conn = None
 
+    def __del__(self) -> None:
+        # A test that failed before its close() leaves its client to the collector: closed
+        # here, its socket cannot fail a later test with an unraisable ResourceWarning.
+        self.close()
+
 
 class Server:
-    """One server process on its own port and database file."""
+    """One server process on its own port and database file; with `dsn`, on that PostgreSQL
+    database instead (`db` then only places the server's log and home)."""
 
     def __init__(
         self,
@@ -120,8 +131,10 @@ class Server:
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        dsn: str | None = None,
     ) -> None:
         self.db = db
+        self.dsn = dsn
         self.token = token
         self.port = free_port()
         self.args = args or []
@@ -135,12 +148,13 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [*server_command(), "serve", "--port", str(self.port), "--db", str(self.db)]
+        target = self.dsn if self.dsn is not None else str(self.db)
+        cmd = [*server_command(), "serve", "--port", str(self.port), "--db", target]
         if self.token is not None:
             cmd += ["--token", self.token]
         return cmd + self.args
 
-    def start(self, timeout: float = 20.0) -> Server:
+    def start(self, timeout: float = 20.0 * TIME_SCALE) -> Server:
         # A home of its own, so a developer's ~/.nulltickets/config.json never leaks in.
         env = {**os.environ, "NULLTICKETS_HOME": str(self.db.parent / "home"), **(self.env or {})}
         with open(self.log, "ab") as log:
@@ -150,7 +164,7 @@ class Server:
         self.wait_healthy(timeout)
         return self
 
-    def wait_healthy(self, timeout: float = 20.0) -> None:
+    def wait_healthy(self, timeout: float = 20.0 * TIME_SCALE) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -172,7 +186,7 @@ class Server:
     def client(self, token: str | None = None) -> Client:
         return Client("127.0.0.1", self.port, token=token)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0 * TIME_SCALE) -> int:
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -189,11 +203,29 @@ class Server:
     def kill(self) -> None:
         """SIGKILL the whole process group of the server (supervisor and worker)."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in [*_children(self.proc.pid), self.proc.pid]:
+            # Every process below it too: under a standalone binary granian's worker is a
+            # grandchild (below the onefile bootstrap and granian's main process).
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+
+
+def granian_workers(server: Server) -> list[int]:
+    """The server's worker processes: the children of granian's main process, which is the
+    server's process itself, or under a standalone binary the child of its onefile bootstrap."""
+    assert server.proc is not None
+    mains = [server.proc.pid]
+    if os.environ.get("NULLTICKETS_BINARY"):
+        mains = _children(server.proc.pid)
+    return [w for m in mains for w in _children(m)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first."""
+    found = _children(pid)
+    return found + [d for c in found for d in descendants(c)]
 
 
 def _children(pid: int) -> list[int]:

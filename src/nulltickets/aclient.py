@@ -37,16 +37,20 @@ from nulltickets.domain.model import (
     Dependency,
     EventPage,
     Health,
+    NamespacePage,
     Pipeline,
     QueueReport,
     Released,
+    RetryReport,
     SearchHit,
     SpanPage,
+    StageReport,
     StoreEntry,
     TaskCheckpoint,
     TaskDetails,
     TaskEventPage,
     TaskPage,
+    TaskRunPage,
     TraceIngest,
     TransitionResult,
 )
@@ -254,14 +258,27 @@ class AsyncClient:
         stage: str | None = None,
         pipeline_id: str | None = None,
         role: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> TaskPage:
+        """`text`: only tasks whose title or id contains it (any case)."""
         return await self.run(
             Calls.list_tasks(
-                stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+                stage=stage,
+                pipeline_id=pipeline_id,
+                role=role,
+                text=text,
+                limit=limit,
+                cursor=cursor,
             )
         )
+
+    async def list_task_runs(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskRunPage:
+        """Every run of the task, oldest attempt first, with its agent and error."""
+        return await self.run(Calls.list_task_runs(task_id, limit=limit, cursor=cursor))
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self.run(Calls.get_task(task_id))
@@ -513,6 +530,21 @@ class AsyncClient:
         self, *, near_expiry_ms: int | None = None, stuck_ms: int | None = None
     ) -> QueueReport:
         return await self.run(Calls.queue_report(near_expiry_ms=near_expiry_ms, stuck_ms=stuck_ms))
+
+    async def stage_report(self) -> StageReport:
+        return await self.run(Calls.stage_report())
+
+    async def retry_report(self, *, limit: int | None = None) -> RetryReport:
+        """Tasks waiting on a retry delay, soonest claimable first."""
+        return await self.run(Calls.retry_report(limit=limit))
+
+    async def list_namespaces(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> NamespacePage:
+        return await self.run(Calls.list_namespaces(limit=limit, cursor=cursor))
+
+    async def metrics(self) -> str:
+        return await self.run(Calls.metrics())
 
     async def ingest_traces(
         self, payload: bytes, content_type: str = "application/json"

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from nulltickets import admin_cli, agent_cli, db_cli
+from nulltickets import admin_cli, agent_cli, db_cli, migrate_cli
 from nulltickets.config import (
     DURABILITIES,
     ENV_ACCESS_LOG,
@@ -96,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     agent_cli.register(commands)
     admin_cli.register(commands)
     db_cli.register(commands)
+    migrate = commands.add_parser(
+        "migrate",
+        help="copy a SQLite tracker into PostgreSQL and verify the counts",
+        description=migrate_cli.DESCRIPTION,
+    )
+    migrate_cli.add_arguments(migrate)
+    migrate.set_defaults(func=migrate_cli.main_from_args)
     return p
 
 
@@ -251,6 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(version_line())
             return 0
         parser.error("--export-manifest and --from-json must come first")
+    # Every command, not only serve: a worker the onefile bootstrap leaves behind would run on
+    # as an orphan once its supervisor SIGKILLs the binary's pid.
+    from nulltickets.lifetime import follow_onefile_parent
+
+    follow_onefile_parent()
     try:
         status: int = args.func(args)
     except CommandFailed as exc:

@@ -57,16 +57,20 @@ from nulltickets.domain.model import (
     Dependency,
     EventPage,
     Health,
+    NamespacePage,
     Pipeline,
     QueueReport,
     Released,
+    RetryReport,
     SearchHit,
     SpanPage,
+    StageReport,
     StoreEntry,
     TaskCheckpoint,
     TaskDetails,
     TaskEventPage,
     TaskPage,
+    TaskRunPage,
     TraceIngest,
     TransitionResult,
 )
@@ -224,6 +228,10 @@ def _json(status: int, payload: bytes) -> Any:
     return json.loads(payload)
 
 
+def _text(status: int, payload: bytes) -> str:
+    return payload.decode()
+
+
 def _seg(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
@@ -328,13 +336,27 @@ class Calls:
         stage: str | None = None,
         pipeline_id: str | None = None,
         role: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Call[TaskPage]:
         path = _query(
-            "/tasks", stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+            "/tasks",
+            stage=stage,
+            pipeline_id=pipeline_id,
+            role=role,
+            q=text,
+            limit=limit,
+            cursor=cursor,
         )
         return Call("GET", path, _as(TaskPage), repeatable=True)
+
+    @staticmethod
+    def list_task_runs(
+        task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Call[TaskRunPage]:
+        path = _query(f"/tasks/{_seg(task_id)}/runs", limit=limit, cursor=cursor)
+        return Call("GET", path, _as(TaskRunPage), repeatable=True)
 
     @staticmethod
     def get_task(task_id: str) -> Call[TaskDetails]:
@@ -641,6 +663,26 @@ class Calls:
     ) -> Call[QueueReport]:
         path = _query("/ops/queue", near_expiry_ms=near_expiry_ms, stuck_ms=stuck_ms)
         return Call("GET", path, _as(QueueReport), repeatable=True)
+
+    @staticmethod
+    def stage_report() -> Call[StageReport]:
+        return Call("GET", "/ops/stages", _as(StageReport), repeatable=True)
+
+    @staticmethod
+    def retry_report(*, limit: int | None = None) -> Call[RetryReport]:
+        return Call("GET", _query("/ops/retrying", limit=limit), _as(RetryReport), repeatable=True)
+
+    @staticmethod
+    def list_namespaces(
+        *, limit: int | None = None, cursor: str | None = None
+    ) -> Call[NamespacePage]:
+        path = _query("/namespaces", limit=limit, cursor=cursor)
+        return Call("GET", path, _as(NamespacePage), repeatable=True)
+
+    @staticmethod
+    def metrics() -> Call[str]:
+        """The Prometheus text format, as the server wrote it."""
+        return Call("GET", "/metrics", _text, repeatable=True)
 
     @staticmethod
     def ingest_traces(payload: bytes, content_type: str = "application/json") -> Call[TraceIngest]:
@@ -1028,14 +1070,27 @@ class Client:
         stage: str | None = None,
         pipeline_id: str | None = None,
         role: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> TaskPage:
+        """`text`: only tasks whose title or id contains it (any case)."""
         return self.run(
             Calls.list_tasks(
-                stage=stage, pipeline_id=pipeline_id, role=role, limit=limit, cursor=cursor
+                stage=stage,
+                pipeline_id=pipeline_id,
+                role=role,
+                text=text,
+                limit=limit,
+                cursor=cursor,
             )
         )
+
+    def list_task_runs(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskRunPage:
+        """Every run of the task, oldest attempt first, with its agent and error."""
+        return self.run(Calls.list_task_runs(task_id, limit=limit, cursor=cursor))
 
     def get_task(self, task_id: str) -> TaskDetails:
         return self.run(Calls.get_task(task_id))
@@ -1281,6 +1336,21 @@ class Client:
         self, *, near_expiry_ms: int | None = None, stuck_ms: int | None = None
     ) -> QueueReport:
         return self.run(Calls.queue_report(near_expiry_ms=near_expiry_ms, stuck_ms=stuck_ms))
+
+    def stage_report(self) -> StageReport:
+        return self.run(Calls.stage_report())
+
+    def retry_report(self, *, limit: int | None = None) -> RetryReport:
+        """Tasks waiting on a retry delay, soonest claimable first."""
+        return self.run(Calls.retry_report(limit=limit))
+
+    def list_namespaces(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> NamespacePage:
+        return self.run(Calls.list_namespaces(limit=limit, cursor=cursor))
+
+    def metrics(self) -> str:
+        return self.run(Calls.metrics())
 
     def ingest_traces(self, payload: bytes, content_type: str = "application/json") -> TraceIngest:
         return self.run(Calls.ingest_traces(payload, content_type))

@@ -96,17 +96,18 @@ def serve(settings: Settings) -> None:
     from granian.server import Server
 
     from nulltickets.http.app import load_app
-    from nulltickets.storage.factory import display_name
+    from nulltickets.storage.factory import display_name, engine_description
 
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
     logging.getLogger("nulltickets").info(
-        "%s: db %s, auth %s, listening on http://%s:%s",
+        "%s: db %s, auth %s, listening on http://%s:%s, %s",
         version_line(),
         display_name(settings.db),
         auth,
         settings.host,
         settings.port,
+        engine_description(settings.db),
     )
     server = Server(
         "nulltickets.http.app:load_app",

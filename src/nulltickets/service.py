@@ -50,23 +50,29 @@ from nulltickets.domain.model import (
     ClaimResult,
     Dependency,
     Event,
+    FeedEvent,
     Health,
     LeaseRow,
+    NamespaceSummary,
     Pipeline,
     QueueReport,
     Released,
+    RetryReport,
     RoleQueue,
     Run,
     RunStatus,
     SearchHit,
     Span,
     SpanRow,
+    StageQueue,
+    StageReport,
     StoreEntry,
     Task,
     TaskAssignment,
     TaskCheckpoint,
     TaskDetails,
     TaskEvent,
+    TaskRun,
     TraceIngest,
     TransitionResult,
 )
@@ -99,11 +105,13 @@ from nulltickets.errors import (
     TrackerError,
     Unauthorized,
 )
-from nulltickets.storage.backend import Backend
-from nulltickets.storage.ports import Database, Notifier
+from nulltickets.storage.backend import Backend, StageBoardRow
+from nulltickets.storage.ports import Database, Notifier, StorageStats
 
 RESERVED_NAMESPACE = "search"
 IDEMPOTENCY_RETENTION_MS = 24 * 3600 * 1000
+# The dashboard's throughput looks at this many of the newest run events at most.
+THROUGHPUT_WINDOW = 200_000
 REAP_BATCH = 500
 _NEVER = 2**63 - 1
 # With several servers on one database, another server's claims may create leases that expire
@@ -317,6 +325,7 @@ class Tracker:
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
+        text: str | None = None,
     ) -> tuple[list[Task], str | None]:
         rows = b.list_tasks(
             stage=stage,
@@ -324,8 +333,17 @@ class Tracker:
             after=after,
             limit=limit + 1,
             agent_role=agent_role,
+            text=text or None,
         )
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
+
+    def list_task_runs(
+        self, b: Backend, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskRun], str | None]:
+        if not b.task_exists(task_id):
+            raise NotFound("task not found")
+        rows = b.list_task_runs(task_id, after, limit + 1)
+        return _page(rows, limit, lambda r: str(r.attempt))
 
     def run_state(self, b: Backend, task_id: str) -> str:
         run_id = b.task_run_state(task_id)
@@ -449,6 +467,11 @@ class Tracker:
             raise TaskNotFound()
         if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
             self.reap_expired(b, now)
+        # The live lease first: where rows are locked (PostgreSQL), this waits for a write
+        # under that lease to end, so the task read next is the one that write left (a
+        # transition into the terminal stage makes the cancel a 409, not a cancelled
+        # finished task).
+        revoked = b.live_lease_of_task(task_id)
         task = b.get_task(task_id)
         assert task is not None
         cancelled_at, _ = b.task_cancellation(task_id)
@@ -457,7 +480,6 @@ class Tracker:
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is not None and pipeline.is_terminal(task.stage):
             raise TaskFinished(f"the task is in the terminal stage {task.stage!r}")
-        revoked = b.live_lease_of_task(task_id)
         data: dict[str, Any] = {"actor": cmd.actor, "reason": cmd.reason, "stage": task.stage}
         if revoked is not None:
             lease_id, run_id, _expires = revoked
@@ -865,6 +887,12 @@ class Tracker:
     def list_namespace(self, b: Backend, namespace: str) -> list[StoreEntry]:
         return b.list_namespace(namespace)
 
+    def list_namespaces(
+        self, b: Backend, after: str, limit: int
+    ) -> tuple[list[NamespaceSummary], str | None]:
+        rows = b.list_namespaces(after, limit + 1)
+        return _page(rows, limit, lambda n: n.namespace)
+
     def delete_namespace(self, b: Backend, namespace: str) -> None:
         b.delete_namespace(namespace)
 
@@ -937,12 +965,31 @@ class Tracker:
             q.near_expiry_leases += near
         return QueueReport(list(roles.values()), now)
 
+    def retry_report(self, b: Backend, now: int, limit: int) -> RetryReport:
+        return RetryReport(b.retry_waiting(now, limit), now)
+
+    def stage_report(self, b: Backend, now: int) -> StageReport:
+        stages = [
+            StageQueue(p, s, r, c, None if oldest is None else now - oldest, *counts)
+            for p, s, r, c, oldest, *counts in b.stage_board(now)
+        ]
+        since = now - 3_600_000 + 60_000 - now % 60_000  # the start of the oldest of 60 minutes
+        per_minute = [0] * 60
+        for minute, count in b.transitions_since(since, THROUGHPUT_WINDOW):
+            if 0 <= minute < 60:
+                per_minute[minute] = count
+        return StageReport(stages, per_minute, now)
+
     # --- health and upkeep ---------------------------------------------------------------------
 
     def health(self, b: Backend, now: int) -> Health:
-        return Health(
+        engine, version, options = b.engine()
+        health = Health(
             "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION
         )
+        if engine == "sqlite":
+            health.sqlite_version, health.sqlite_options = version, options
+        return health
 
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)
@@ -961,6 +1008,15 @@ def _page(rows: list[Any], limit: int, cursor_of: Any) -> tuple[list[Any], str |
 
 
 # --- the unit of work --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    now: int
+    stages: list[StageBoardRow]
+    leases: int
+    kinds: list[tuple[str, int, int]]  # (kind, count, newest id) of events after the cursor
+    newest: int  # the newest event id counted
 
 
 class Kind(Enum):
@@ -1089,6 +1145,7 @@ class Service:
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
+        text: str | None = None,
     ) -> tuple[list[Task], str | None]:
         return await self._read(
             lambda b: self.tracker.list_tasks(
@@ -1098,8 +1155,14 @@ class Service:
                 after=after,
                 limit=limit,
                 agent_role=agent_role,
+                text=text,
             )
         )
+
+    async def list_task_runs(
+        self, task_id: str, after: int, limit: int
+    ) -> tuple[list[TaskRun], str | None]:
+        return await self._read(lambda b: self.tracker.list_task_runs(b, task_id, after, limit))
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self._read(lambda b: self.tracker.get_task(b, task_id))
@@ -1376,6 +1439,11 @@ class Service:
     async def list_namespace(self, namespace: str) -> list[StoreEntry]:
         return await self._read(lambda b: self.tracker.list_namespace(b, namespace))
 
+    async def list_namespaces(
+        self, after: str, limit: int
+    ) -> tuple[list[NamespaceSummary], str | None]:
+        return await self._read(lambda b: self.tracker.list_namespaces(b, after, limit))
+
     async def delete_namespace(self, namespace: str, idem: Idem | None = None) -> Written[None]:
         t = self.tracker
 
@@ -1436,6 +1504,47 @@ class Service:
     async def health(self) -> Health:
         now = self.clock()
         return await self._read(lambda b: self.tracker.health(b, now))
+
+    async def stage_report(self) -> StageReport:
+        now = self.clock()
+        return await self._read(lambda b: self.tracker.stage_report(b, now))
+
+    async def retry_report(self, limit: int) -> RetryReport:
+        now = self.clock()
+        return await self._read(lambda b: self.tracker.retry_report(b, now, limit))
+
+    # --- the event stream and metrics ----------------------------------------------------------
+
+    async def events_feed(
+        self, after: int, limit: int, task_id: str | None = None
+    ) -> list[FeedEvent]:
+        """Run events after the id `after`, oldest first (of one task, if given)."""
+        return await self._read(lambda b: b.events_feed(after, limit, task_id))
+
+    async def last_event_id(self) -> int:
+        return await self._read(lambda b: b.last_event_id())
+
+    async def metrics_snapshot(self, after: int | None) -> MetricsSnapshot:
+        """What /metrics reads from the database, in one snapshot: the stage board, live
+        leases, and run events by kind after the id `after` (None: none counted, only the
+        newest id)."""
+        now = self.clock()
+
+        def job(b: Backend) -> MetricsSnapshot:
+            stages = b.stage_board(now)
+            leases = b.active_leases(now)
+            if after is None:
+                return MetricsSnapshot(now, stages, leases, [], b.last_event_id())
+            kinds = b.event_kinds_since(after)
+            newest = max((m for _, _, m in kinds), default=after)
+            return MetricsSnapshot(now, stages, leases, kinds, newest)
+
+        return await self._read(job)
+
+    def storage_stats(self) -> StorageStats:
+        """This process's storage figures and timings (writer batches, WAL size, commit
+        durations ...): see Database.stats."""
+        return self.db.stats()
 
     async def reap_expired(self) -> int:
         """End every lease past its time (the janitor; claims also reap when one may be)."""

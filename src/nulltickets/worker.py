@@ -14,7 +14,8 @@ While the command runs, the worker heartbeats its lease. Exit status 0 moves the
 trigger the command printed (a line `nulltickets:trigger=NAME` on stdout), else `--trigger`,
 else the stage's only transition. Any other exit fails the attempt with the tail of stderr, so
 the retry policy decides what happens next. SIGTERM or SIGINT stops the command and releases
-the task (not a failed attempt).
+the task (not a failed attempt). On Linux a SIGKILL of the worker takes the command with it
+(it gets SIGTERM from the kernel).
 
 The worker outlives the server: a claim, heartbeat or outcome that cannot reach it is tried
 again (with capped exponential backoff and jitter) until the server answers, and every write
@@ -54,6 +55,7 @@ from nulltickets.client import (
     RetryEvent,
 )
 from nulltickets.domain.model import ClaimResult
+from nulltickets.lifetime import end_with_this_process
 
 TRIGGER_PREFIX = "nulltickets:trigger="
 STDERR_TAIL = 4000  # bytes of stderr sent with a failed attempt
@@ -225,6 +227,9 @@ class Worker:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env=env,
+                    # A SIGKILLed worker takes its command with it: an orphan would go on
+                    # with a task whose lease then expires and is claimed again.
+                    preexec_fn=end_with_this_process(),
                 )
             except OSError as exc:
                 message = f"cannot start command {opts.command[0]!r}: {exc}"
@@ -413,6 +418,7 @@ def _pump_stdout(child: subprocess.Popen[bytes], printed: list[str]) -> None:
     for raw in child.stdout:
         line = raw.decode("utf-8", "replace")
         sys.stdout.write(line)
+        sys.stdout.flush()
         stripped = line.strip()
         if stripped.startswith(TRIGGER_PREFIX):
             printed.append(stripped[len(TRIGGER_PREFIX) :])
@@ -424,6 +430,7 @@ def _pump_stderr(child: subprocess.Popen[bytes], tail: deque[bytes]) -> None:
     kept = 0
     for raw in child.stderr:
         sys.stderr.buffer.write(raw)
+        sys.stderr.buffer.flush()  # a log being followed shows each line as the command writes it
         tail.append(raw)
         kept += len(raw)
         while kept > STDERR_TAIL * 2 and len(tail) > 1:
@@ -435,6 +442,7 @@ def run_worker(options: WorkerOptions) -> int:
     worker = Worker(options)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
+    worker.log(f"claiming tasks for role {options.role!r} from {options.base_url}")
     started = time.monotonic()
     code = worker.run()
     worker.log(f"stopped after {worker.done} task(s) in {time.monotonic() - started:.1f} s")

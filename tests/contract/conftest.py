@@ -1,13 +1,9 @@
 """The backends every contract test runs on.
 
 A backend is a function giving a fresh, empty database target (what `--db` takes) for one
-test. The suite opens it through storage.factory, so it sees only the storage ports. To run
-the suite on PostgreSQL once storage.postgres.database.PostgresDatabase exists:
-
-    def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-        return str(request.getfixturevalue("pg_empty_dsn"))  # tests/conftest.py
-
-    BACKENDS["postgresql"] = postgresql
+test. The suite opens it through storage.factory, so it sees only the storage ports. Every
+contract test runs on each backend in BACKENDS: SQLite (a file of the test's own) and
+PostgreSQL (a new database of the session's own cluster, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -34,7 +30,16 @@ def sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(tmp_path / "contract.db")
 
 
-BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {"sqlite": sqlite}
+def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database of the session's own PostgreSQL (tests/pgserver.py)."""
+    server = request.getfixturevalue("postgres")
+    return str(server.dsn(server.create_database()))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
+    "sqlite": sqlite,
+    "postgresql": postgresql,
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -37,6 +37,11 @@ ADMIN_ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/artifacts", {"kind": "k", "uri": "u"}),
     ("GET", "/artifacts", None),
     ("GET", "/ops/queue", None),
+    ("GET", "/ops/stages", None),
+    ("GET", "/ops/retrying", None),
+    ("GET", f"/tasks/{ID}/runs", None),
+    ("GET", "/namespaces", None),
+    ("GET", "/metrics", None),
     ("PUT", "/store/ns/key", {"value": 1}),
     ("GET", "/store/ns/key", None),
     ("DELETE", "/store/ns/key", None),
@@ -142,7 +147,7 @@ def test_unknown_paths_and_wrong_methods_are_401_before_routing(secured: Client)
         ("PATCH", "/tasks"),
         ("GET", "/leases/claim"),
         ("POST", "/health/x"),
-        ("GET", "/"),
+        ("GET", "/nope/ui"),
     ]:
         r = secured.request(method, path)
         assert (r.status, r.error_code) == (401, "unauthorized"), (method, path)

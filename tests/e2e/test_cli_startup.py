@@ -198,3 +198,14 @@ def test_text_logs_start_with_a_timestamp_and_honour_the_level(tmp_path: Path) -
     lines = served_log(tmp_path, "--log-format", "text")
     assert lines and all(ISO_UTC.match(line) for line in lines), lines
     assert any(" INFO nulltickets: " in line and "listening on" in line for line in lines)
+
+
+def test_a_postgresql_database_nobody_serves_is_one_line(tmp_path: Path) -> None:
+    """With the driver (the Python package with its `postgres` extra) the server says it cannot
+    reach the database; without it (the release binaries) it says how to get it."""
+    port = free_port()  # nothing listens there
+    line = start_error(tmp_path, "--db", f"postgresql://nobody@127.0.0.1:{port}/tracker")
+    if os.environ.get("NULLTICKETS_BINARY"):
+        assert line.endswith("pip install 'nulltickets[postgres]'"), line
+    else:
+        assert f"127.0.0.1:{port}" in line or "tracker" in line, line

@@ -223,11 +223,19 @@ def test_openapi_types_the_pipeline_definition(client: Client) -> None:
     assert {"instructions", "required_gates"} <= set(transition["properties"])
 
 
+def test_the_dashboard_is_not_part_of_the_documented_api(client: Client) -> None:
+    paths = client.get("/openapi.json").json["paths"]
+    assert client.get("/ui/").status == 200  # served, but not documented
+    assert [p for p in paths if p == "/" or p == "/ui" or p.startswith("/ui/")] == []
+    assert {"/events/stream", "/metrics", "/ops/stages", "/ops/retrying"} <= set(paths)
+    assert {"/tasks/{id}/runs", "/namespaces"} <= set(paths)
+
+
 # --- unknown paths and methods -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/nope", "/tasks/x/y/z/w", "/pipelines/x/extra", "/health/extra", "/store"]
+    "path", ["/nope", "/tasks/x/y/z/w", "/pipelines/x/extra", "/health/extra", "/store"]
 )
 def test_unknown_paths_are_404_not_found(client: Client, path: str) -> None:
     r = client.get(path)

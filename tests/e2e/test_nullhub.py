@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.server import Client, Server, free_port, server_command
+from tests.server import TIME_SCALE, Client, Server, free_port, server_command
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,7 @@ def run(
         env={**clean_env(), **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=60 * TIME_SCALE,
     )
 
 
@@ -160,7 +160,7 @@ class NullhubInstance(Server):
     def command(self) -> list[str]:
         return [*server_command(), self.word]
 
-    def start(self, timeout: float = 20.0) -> NullhubInstance:
+    def start(self, timeout: float = 20.0 * TIME_SCALE) -> NullhubInstance:
         env = {**clean_env(), **(self.env or {})}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -252,6 +252,10 @@ def test_requeue_of_an_unknown_task_is_one_line(shared_server: Server, tmp_path:
 # --- runs tail ---------------------------------------------------------------------------------
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def tailing(server: Server, run_id: str, home: Path) -> Iterator[subprocess.Popen[str]]:
     """`nulltickets runs tail RUN_ID --json` in the background; killed at the end if still on."""
@@ -262,6 +266,9 @@ def tailing(server: Server, run_id: str, home: Path) -> Iterator[subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
         env={**env, "NULLTICKETS_HOME": str(home)},
+        # As from a terminal: a test run started in the background (`make test &`) inherits
+        # SIGINT ignored, and Python then leaves it ignored.
+        preexec_fn=_interruptible,
     ) as proc:
         try:
             yield proc
@@ -310,6 +317,7 @@ def test_runs_tail_stops_on_sigint(shared_server: Server, client: Client, tmp_pa
 # --- backup ------------------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 def test_backup_while_agents_write_gives_a_copy_a_server_can_serve(
     fresh_server: Server, tmp_path: Path
 ) -> None:
@@ -371,6 +379,7 @@ def test_backup_while_agents_write_gives_a_copy_a_server_can_serve(
         client.close()
 
 
+@pytest.mark.sqlite_file
 def test_backup_refuses_to_overwrite_without_force(fresh_server: Server, tmp_path: Path) -> None:
     dest = tmp_path / "copy.db"
     dest.write_text("precious")
@@ -391,6 +400,7 @@ def test_backup_of_a_missing_database_is_one_line(tmp_path: Path) -> None:
     assert one_line(result) == f"database {tmp_path / 'no.db'} does not exist"
 
 
+@pytest.mark.sqlite_file
 def test_backup_finds_the_database_as_serve_does(fresh_server: Server, tmp_path: Path) -> None:
     dest = tmp_path / "copy.db"
     env = {"NULLTICKETS_DB": str(fresh_server.db)}
@@ -414,6 +424,7 @@ def expected_version() -> int:
     return len(migrations())
 
 
+@pytest.mark.sqlite_file
 def test_doctor_on_a_healthy_database_in_use_and_not(fresh_server: Server, tmp_path: Path) -> None:
     status, report = doctor(fresh_server.db, tmp_path)
     assert status == 0, report
@@ -495,6 +506,7 @@ def filled_db(fresh_server: Server) -> Path:
     return fresh_server.db
 
 
+@pytest.mark.sqlite_file
 def test_doctor_on_a_corrupt_table(filled_db: Path, tmp_path: Path) -> None:
     corrupt = corrupt_table(filled_db, "tasks", tmp_path / "corrupt.db")
     status, report = doctor(corrupt, tmp_path)
@@ -505,6 +517,7 @@ def test_doctor_on_a_corrupt_table(filled_db: Path, tmp_path: Path) -> None:
     assert text.returncode == 1 and "status       needs attention" in text.stdout
 
 
+@pytest.mark.sqlite_file
 def test_doctor_on_a_file_corrupt_throughout(filled_db: Path, tmp_path: Path) -> None:
     raw = bytearray(filled_db.read_bytes())
     page = 4096

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, unique
+from tests.conftest import TEST_BACKEND, create_pipeline, unique
 from tests.server import PIPELINE, Client, Response
 
 MISSING = "00000000-0000-4000-8000-000000000000"
@@ -401,6 +401,11 @@ def test_nul_bytes_in_strings_are_stored_and_echoed(client: Client) -> None:
             "metadata": metadata,
         },
     )
+    if TEST_BACKEND == "postgres":
+        # PostgreSQL text cannot hold NUL (README, "On PostgreSQL"): a clear 400, no 500.
+        assert r.status == 400 and r.error_code == "invalid_request", r.body
+        assert "NUL" in r.json["error"]["message"]
+        return
     assert r.status == 201, r.body
     task = client.get(f"/tasks/{r.json['id']}").json
     assert task["title"] == "a\u0000b"

@@ -17,7 +17,7 @@ from tests.conftest import (
     task,
     unique,
 )
-from tests.server import Client, Response
+from tests.server import TIME_SCALE, Client, Response
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,7 @@ def events_of_kind(client: Client, run_id: str, kind: str) -> list[dict[str, Any
     return [e for e in events(client, run_id) if e["kind"] == kind]
 
 
-def wait_until_expired(lease: Lease, timeout: float = 10.0) -> Response:
+def wait_until_expired(lease: Lease, timeout: float = 10.0 * TIME_SCALE) -> Response:
     """Probe the lease without extending it (a transition whose body cannot parse is answered
     400 while the lease is live); return the first answer that is not 400."""
     deadline = time.monotonic() + timeout

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -182,7 +181,16 @@ def test_each_new_connection_is_served_while_others_idle(fresh_server: Server) -
             assert timed_health(fresh_server) < PROMPT_S
 
 
-def integrity_check(db: Path) -> str:
+def integrity_check(server: Server) -> str:
+    """SQLite's integrity_check of the server's file; on PostgreSQL, that the database answers
+    (PostgreSQL checks its own pages)."""
+    if server.dsn is not None:
+        import psycopg
+
+        with psycopg.connect(server.dsn) as pg:
+            pg.execute("SELECT count(*) FROM tasks").fetchone()
+        return "ok"
+    db = server.db
     code = (
         "import sys, apsw\n"
         "c = apsw.Connection(sys.argv[1])\n"
@@ -195,7 +203,17 @@ def integrity_check(db: Path) -> str:
     return out.stdout.strip()
 
 
-def count_tasks(db: Path, pipeline_id: str) -> int:
+def count_tasks(server: Server, pipeline_id: str) -> int:
+    if server.dsn is not None:
+        import psycopg
+
+        with psycopg.connect(server.dsn) as pg:
+            row = pg.execute(
+                "SELECT count(*) FROM tasks WHERE pipeline_id = %s", (pipeline_id,)
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+    db = server.db
     code = (
         "import sys, apsw\n"
         "c = apsw.Connection(sys.argv[1])\n"
@@ -266,12 +284,11 @@ def test_sigterm_under_load_shuts_down_cleanly(fresh_server: Server) -> None:
     for pid in workers:  # no orphaned worker keeps the database open
         wait_gone(pid)
 
-    db = fresh_server.db
-    assert integrity_check(db) == "ok"
+    assert integrity_check(fresh_server) == "ok"
     # Every task the server acknowledged survived the shutdown.
-    assert count_tasks(db, pipeline_id) >= len(acked)
+    assert count_tasks(fresh_server, pipeline_id) >= len(acked)
 
-    restarted = Server(db).start()
+    restarted = Server(fresh_server.db, dsn=fresh_server.dsn).start()
     try:
         c = restarted.client()
         for task_id in acked[-20:]:
@@ -302,7 +319,7 @@ def test_sigterm_with_idle_connections_exits_promptly(fresh_server: Server) -> N
         elapsed = time.monotonic() - start
     assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
     assert elapsed < 5, f"shutdown took {elapsed:.1f}s"
-    assert integrity_check(fresh_server.db) == "ok"
+    assert integrity_check(fresh_server) == "ok"
 
 
 @pytest.mark.slow
@@ -316,7 +333,7 @@ def test_sigterm_with_a_stalled_request_still_exits_cleanly(fresh_server: Server
         elapsed = time.monotonic() - start
     assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
     assert elapsed < 12, f"shutdown took {elapsed:.1f}s"
-    assert integrity_check(fresh_server.db) == "ok"
+    assert integrity_check(fresh_server) == "ok"
 
 
 def test_one_connection_serves_several_requests(fresh_server: Server) -> None:

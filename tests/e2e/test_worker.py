@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import create_pipeline, unique
-from tests.server import Client, Server, server_command
+from tests.server import Client, Server, descendants, server_command
 
 STEPS = 4
 
@@ -138,6 +138,14 @@ def test_workers_finish_a_crashing_backlog_exactly_once_without_redoing_checkpoi
 
 
 def _runs_of(server: Server, task_id: str) -> list[str]:
+    if server.dsn is not None:  # the server runs on PostgreSQL
+        import psycopg
+
+        with psycopg.connect(server.dsn) as pg:
+            found = pg.execute(
+                "SELECT id FROM runs WHERE task_id = %s ORDER BY attempt", (task_id,)
+            ).fetchall()
+        return [row[0] for row in found]
     import apsw
 
     conn = apsw.Connection(str(server.db), flags=apsw.SQLITE_OPEN_READONLY)
@@ -189,12 +197,48 @@ def test_sigterm_releases_the_task_without_counting_a_failure(
     assert again.status == 200 and again.json["task"]["id"] == task_id
 
 
+def test_sigkill_of_the_workers_pid_leaves_no_process_of_it_running(
+    client: Client, shared_server: Server, tmp_path: Path
+) -> None:
+    """What a supervisor does to a stuck worker: SIGKILL of the pid it started (under the
+    standalone binary, the onefile bootstrap). The worker below it and the command it runs must
+    go too, or an orphaned command works on a task whose lease expires and is claimed again."""
+    pipeline, role = role_pipeline(client)
+    client.post("/tasks", {"pipeline_id": pipeline, "title": "t", "description": ""})
+    pid_file = tmp_path / "command.pid"
+    sleeper = [
+        sys.executable,
+        "-c",
+        f"import os, time, pathlib; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
+        " time.sleep(120)",
+    ]
+    w = worker(shared_server, role, sleeper, "--agent-id", "killed")
+    _wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    command = int(pid_file.read_text())
+    below = descendants(w.pid)
+    assert command in below, (command, below)
+    w.kill()
+    w.communicate(timeout=30)
+    _wait_for(lambda: not any(_alive(pid) for pid in below), timeout=20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead, only not reaped
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_sigterm_while_waiting_for_work_exits_promptly_and_claims_nothing(
     client: Client, shared_server: Server
 ) -> None:
     pipeline, role = role_pipeline(client)
     w = worker(shared_server, role, [sys.executable, "-c", "pass"], "--wait-ms", "30000")
-    time.sleep(1.0)  # let it reach its long-poll claim
+    assert w.stderr is not None
+    first = w.stderr.readline()  # written once its signal handlers are in place
+    assert b"claiming tasks for role" in first, first
+    time.sleep(0.3)  # and then it goes into its long-poll claim
     started = time.monotonic()
     w.send_signal(signal.SIGTERM)
     _, err = w.communicate(timeout=20)

@@ -88,6 +88,11 @@ def start_worker(
         )
 
 
+def retries(logs: list[Path]) -> int:
+    """How many times the workers logged that a call to the server failed and is retried."""
+    return sum(p.read_text().count("retrying") for p in logs)
+
+
 def done_count(api: Client, pipeline_id: str) -> int:
     return len(api.list_tasks(stage="done", pipeline_id=pipeline_id, limit=1000).items)
 
@@ -143,8 +148,16 @@ def test_three_workers_finish_60_tasks_exactly_once_while_the_server_is_killed_t
                 lambda n=restart: log.read_text().count(" done ") >= total * n // 4,
                 timeout=240,
             )
+            seen = retries(logs)
             server.kill()
-            time.sleep(0.5)  # the workers meet a closed port, not just a dropped connection
+            # Down until a worker has met the closed port (not only a dropped connection, which
+            # a fresh one to the restarted server could hide): a fixed pause is over before any
+            # worker calls when a faster server (the standalone binary) is back within it.
+            wait_for(
+                f"a worker to retry while the server is down ({restart}/3)",
+                lambda n=seen: retries(logs) > n,
+                timeout=120,
+            )
             server.start()
         wait_for("every task to be done", lambda: done_count(api, pipeline_id) == 60, 300)
 

@@ -159,7 +159,8 @@ def test_a_store_key_holds_one_value(pg_conn: Conn) -> None:
     run(pg_conn, "put_value", namespace=ns, key="k", value_json='{"v": 1}', now=1)
     run(pg_conn, "put_value", namespace=ns, key="k", value_json='{"v": 2}', now=5)
     rows = pg_conn.execute(
-        "SELECT value_json->>'v', created_at_ms, updated_at_ms FROM store WHERE namespace = %s",
+        "SELECT value_json::jsonb->>'v', created_at_ms, updated_at_ms FROM store"
+        " WHERE namespace = %s",
         (ns,),
     ).fetchall()
     assert rows == [("2", 1, 5)]

@@ -9,16 +9,11 @@ import psycopg
 import pytest
 
 from nulltickets.domain.search import search_terms
+from nulltickets.storage.postgres.backend import fts_text
 from tests.conftest import unique
 from tests.postgres.sql import all_rows, run
 
 Conn = psycopg.Connection[Any]
-
-
-def quoted(text: str) -> str:
-    """What :query takes: the user's terms (domain.search), each a double-quoted phrase, the
-    form store_query reads (as FTS5 does on SQLite)."""
-    return " ".join('"' + t.replace('"', '""') + '"' for t in search_terms(text))
 
 
 def put(conn: Conn, ns: str, key: str, value: Any) -> None:
@@ -36,7 +31,7 @@ def search(
     return all_rows(
         conn,
         "search_store",
-        query=quoted(text),  # the same query text the SQLite backend builds from the terms
+        query=fts_text(search_terms(text)),  # the text the PostgreSQL backend builds
         namespace=namespace,
         filter_path=filter_path,
         filter_value=filter_value,

@@ -105,9 +105,16 @@ def read_raw(s: socket.socket, timeout: float = 10.0) -> Raw:
 
 
 @contextlib.contextmanager
-def open_db(path: Path) -> Iterator[apsw.Connection]:
+def open_db(path: Path | str) -> Iterator[Any]:
     """A short-lived connection of our own (recovers the WAL of a crashed server, like the
-    server's next start would)."""
+    server's next start would); a postgresql:// URL gets a PostgreSQL connection instead,
+    which `rows` reads the same way."""
+    if str(path).startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(str(path), autocommit=True) as pg:
+            yield pg
+        return
     conn = apsw.Connection(str(path))
     conn.set_busy_timeout(10_000)
     try:
@@ -116,7 +123,7 @@ def open_db(path: Path) -> Iterator[apsw.Connection]:
         conn.close()
 
 
-def rows(conn: apsw.Connection, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+def rows(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in conn.execute(sql, params).fetchall()]
 
 

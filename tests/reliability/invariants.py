@@ -20,7 +20,7 @@ def _json(text: str) -> Any:
     return json.loads(text)
 
 
-def check_tasks(db: Path, definition: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
+def check_tasks(db: Path | str, definition: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
     """Every task is in exactly one stage of its pipeline, the one its own history leads to;
     no task left a stage twice on one attempt (no double completion); the version counts the
     moves; every run's status agrees with its events; leases and running runs pair up."""
@@ -126,7 +126,7 @@ def check_tasks(db: Path, definition: dict[str, Any]) -> tuple[list[str], dict[s
     return problems, summary
 
 
-def check_acknowledged(db: Path, journals: Journals) -> tuple[list[str], int]:
+def check_acknowledged(db: Path | str, journals: Journals) -> tuple[list[str], int]:
     """Every answer an agent took as success is in the file. Returns (problems, acks checked)."""
     lost, checked = acknowledged_lost(db, journals)
     return [message for message, _entry in lost], checked

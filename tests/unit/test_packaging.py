@@ -19,7 +19,7 @@ def test_every_source_package_is_listed_for_the_build() -> None:
         ".".join(d.relative_to(src).parts)
         for d in src.rglob("*")
         if d.is_dir()
-        and (any(d.glob("*.py")) or any(d.glob("*.sql")))
+        and any(any(d.glob(f"*.{ext}")) for ext in ("py", "sql", "js"))
         and "__pycache__" not in d.parts
         and not d.name.endswith(".egg-info")
     }
@@ -66,3 +66,25 @@ def test_the_license_the_metadata_names_is_there() -> None:
     assert project["license"] == "MIT"
     assert "MIT License" in (ROOT / "LICENSE").read_text()
     assert project["license-files"] == ["LICENSE"]
+
+
+def test_the_binary_build_stages_every_file_of_the_package(tmp_path: Path) -> None:
+    """The standalone binary is compiled from a staged copy of the package: every file the
+    package carries (the dashboard's index.html among them) must be in that copy."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("build_binary", ROOT / "build" / "binary.py")
+    assert spec is not None and spec.loader is not None
+    binary = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT))
+    try:
+        spec.loader.exec_module(binary)
+    finally:
+        sys.path.remove(str(ROOT))
+    staged = binary.stage_sources(tmp_path)
+    static = ROOT / "src" / "nulltickets" / "http" / "static"
+    assert "index.html" in {p.name for p in static.iterdir()}
+    assert {p.name for p in (staged / "http" / "static").iterdir()} == {
+        p.name for p in static.iterdir()
+    }

@@ -179,3 +179,57 @@ def test_command_line_write_then_verify_then_tamper(tmp_path: Path) -> None:
     v = subprocess.run([*run, "verify", str(tmp_path)], capture_output=True, text=True)
     assert v.returncode == 1
     assert "nulltickets-macos-x86_64.bin: SHA-256 mismatch" in v.stderr
+
+
+def nullhub_doc(version: str = VERSION) -> dict[str, object]:
+    """What a release binary's `--export-manifest` prints, with the release's version."""
+    return {**nullhub_manifest.manifest(), "version": version}
+
+
+def test_verify_checks_names_against_nullhubs_manifest(tmp_path: Path) -> None:
+    make_assets(tmp_path)
+    rm.write(tmp_path, VERSION, COMMIT, require_all=True)
+    assert rm.verify(tmp_path, nullhub=nullhub_doc(), require_all=True) == []
+
+    # nullhub looks for another name for one target: that asset would never be found.
+    renamed = nullhub_doc()
+    platforms = dict(renamed["platforms"])  # type: ignore[call-overload]
+    platforms["riscv64-linux"] = {"asset": "nulltickets-linux-riscv64gc.bin", "binary": "x"}
+    renamed["platforms"] = platforms
+    problems = rm.verify(tmp_path, nullhub=renamed, require_all=True)
+    assert "nulltickets-linux-riscv64.bin: not an asset nullhub's manifest names" in problems
+    assert any("riscv64gc.bin: nullhub's manifest names it" in p for p in problems)
+
+    # A binary of another version than the release is refused.
+    problems = rm.verify(tmp_path, nullhub=nullhub_doc("2026.1.1"), require_all=True)
+    assert problems == ["nullhub manifest version '2026.1.1', release '2026.11.29'"]
+
+
+def test_verify_require_all_names_the_missing_platforms(tmp_path: Path) -> None:
+    names = [rm.asset_name(*t) for t in rm.PLATFORMS if t != ("windows", "aarch64")]
+    make_assets(tmp_path, names)
+    rm.write(tmp_path, VERSION, COMMIT)
+    assert rm.verify(tmp_path) == []
+    assert rm.verify(tmp_path, require_all=True) == [
+        "nulltickets-windows-aarch64.exe: no such asset in the release"
+    ]
+
+
+def test_command_line_verify_with_nullhubs_manifest(tmp_path: Path) -> None:
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    make_assets(assets)
+    rm.write(assets, nulltickets.__version__, COMMIT, require_all=True)
+    exported = tmp_path / "nullhub-manifest.json"
+    exported.write_text(json.dumps(nullhub_manifest.manifest()))
+    run = [sys.executable, str(Path(rm.__file__)), "verify", str(assets)]
+    v = subprocess.run(
+        [*run, "--nullhub", str(exported), "--require-all"], capture_output=True, text=True
+    )
+    assert v.returncode == 0, v.stderr
+    (assets / "nulltickets-linux-aarch64.bin").unlink()
+    v = subprocess.run(
+        [*run, "--nullhub", str(exported), "--require-all"], capture_output=True, text=True
+    )
+    assert v.returncode == 1
+    assert "nulltickets-linux-aarch64.bin: missing" in v.stderr

@@ -59,6 +59,50 @@ class Run(Struct):
     ended_at_ms: int | None
 
 
+class TaskRun(Run):
+    """A run as GET /tasks/{id}/runs lists it: with the error its agent reported, if any."""
+
+    error: str | None = None
+
+
+class TaskRunPage(Struct):
+    items: list[TaskRun]
+    next_cursor: str | None
+
+
+class RetryWaiting(Struct):
+    """A task waiting on a retry delay: claimable again at `next_eligible_at_ms`, with its
+    latest failed (or stale) attempt, `error` being what that run reported."""
+
+    task_id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    next_eligible_at_ms: int
+    attempt: int | None
+    status: str | None
+    error: str | None
+    failed_at_ms: int | None
+
+
+class RetryReport(Struct):
+    items: list[RetryWaiting]
+    generated_at_ms: int
+
+
+class NamespaceSummary(Struct):
+    """A namespace of the shared store: how many keys it holds, when one last changed."""
+
+    namespace: str
+    keys: int
+    updated_at_ms: int
+
+
+class NamespacePage(Struct):
+    items: list[NamespaceSummary]
+    next_cursor: str | None
+
+
 class Dependency(Struct):
     depends_on_task_id: str
     resolved: bool
@@ -219,6 +263,9 @@ class Health(Struct):
     tasks_by_stage: list[StageCount]
     active_leases: int
     core: str
+    # The SQLite the server runs on: its version and chosen compile options.
+    sqlite_version: str = ""
+    sqlite_options: list[str] = []
 
 
 class TaskPage(Struct):
@@ -269,6 +316,43 @@ class RoleQueue(Struct):
 class QueueReport(Struct):
     roles: list[RoleQueue]
     generated_at_ms: int
+
+
+class StageQueue(Struct):
+    """Where the tasks of one (pipeline, stage) with a role stand. Each task counts once:
+    leased first, then dead-lettered or cancelled, then waiting on a retry delay, then blocked
+    by unfinished dependencies; the rest are claimable."""
+
+    pipeline_id: str
+    stage: str
+    role: str
+    claimable: int
+    oldest_claimable_age_ms: int | None
+    leased: int
+    waiting_retry: int
+    blocked: int
+    dead_lettered: int
+    cancelled: int
+
+
+class StageReport(Struct):
+    """The queue per stage, and the transitions of each of the last 60 minutes (oldest first)."""
+
+    stages: list[StageQueue]
+    transitions_per_minute: list[int]
+    generated_at_ms: int
+
+
+class FeedEvent(Struct):
+    """A run event as GET /events/stream sends it: with its run's task and pipeline."""
+
+    id: int
+    run_id: str
+    task_id: str
+    pipeline_id: str
+    ts_ms: int
+    kind: str
+    data: Raw
 
 
 class Span(Struct):

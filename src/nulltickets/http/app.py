@@ -16,10 +16,15 @@ from typing import Any
 from nulltickets import logs
 from nulltickets.config import Settings
 from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
+from nulltickets.http import metrics as prometheus
+from nulltickets.http import ui
 from nulltickets.http.errors import EXTRA_HEADERS, error_response
 from nulltickets.http.handlers import Context, check_admin
 from nulltickets.http.request import Request
+from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
+from nulltickets.http.sse import StreamHub
+from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
 from nulltickets.storage.factory import open_database
 
@@ -39,7 +44,7 @@ SHUTDOWN_DEADLINE_S = 1.5
 class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.router = Router(ROUTES)
+        self.router = Router(ROUTES + ui.UI_ROUTES)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
         # Requests still reading their body, with their deadline. One sweep a second cancels
@@ -51,10 +56,16 @@ class App:
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         db = open_database(self.settings.db, durability=self.settings.durability)
-        self.ctx = Context(Service(db), self.settings.token)
+        self.ctx = ctx = Context(Service(db), self.settings.token)
+        ctx.hub = StreamHub(ctx.service)
         # Long-polling claims wake on the database's notifications (this process's commits on
         # SQLite; every server's on PostgreSQL), delivered on this loop.
-        db.notifier.subscribe(self.ctx.wakeups.deliver, loop)
+        db.notifier.subscribe(ctx.wakeups.deliver, loop)
+        ctx.metrics = prometheus.Metrics()
+        # Event streams read what each commit added: told of every commit, not only of those
+        # that notify a role (an appended run event wakes no claim).
+        db.notifier.on_commit(ctx.hub.wake, loop, wanted=ctx.hub.listening)
+        loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)
         _watch_parent(loop, self._begin_shutdown)
@@ -66,6 +77,8 @@ class App:
                 loop.run_until_complete(self._upkeep)
         if self.ctx is not None:
             self.ctx.wakeups.close()
+            if self.ctx.hub is not None:
+                self.ctx.hub.close()
             self.ctx.service.db.close()
             self.ctx = None
 
@@ -86,6 +99,8 @@ class App:
         if self.ctx is not None and not self.ctx.wakeups.closing:
             log.info("shutting down: answering %d waiting claims", self.ctx.wakeups.waiting())
             self.ctx.wakeups.close()
+            if self.ctx.hub is not None:
+                self.ctx.hub.close()  # and ending the event streams
         stop = _granian_stop[0]
         if stop is not None:
             stop.set()
@@ -122,30 +137,43 @@ class App:
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
             return
+        started = time.perf_counter()
+        route = ["unmatched"]
         try:
-            status, body = await self._handle(scope, proto)
+            reply = await self._handle(scope, proto, route)
+            status, body = reply.status, reply.body
         except BaseException as exc:  # every failure becomes the JSON envelope
             if isinstance(exc, asyncio.CancelledError):
                 raise
             status, body = error_response(exc)
-        headers = [JSON]
-        if status == 204:
-            headers.append(CLOSE)
-        extra = EXTRA_HEADERS.get(status)
-        if extra:
-            headers.extend(extra)
-        proto.response_bytes(status, headers, body)
+            reply = None
+        if reply is STREAMED:  # the handler sent its response itself
+            status = 200
+        else:
+            headers = list(reply.headers) if isinstance(reply, WebReply) else [JSON]
+            if status == 204:
+                headers.append(CLOSE)
+            extra = EXTRA_HEADERS.get(status)
+            if extra:
+                headers.extend(extra)
+            proto.response_bytes(status, headers, body)
+        metrics = self.ctx.metrics if self.ctx is not None else None
+        if metrics is not None:
+            metrics.observe(scope.method, route[0], status, time.perf_counter() - started)
 
-    async def _handle(self, scope: Any, proto: Any) -> tuple[int, bytes]:
+    async def _handle(self, scope: Any, proto: Any, route_of: list[str]) -> Reply:
         ctx = self.ctx
         assert ctx is not None
         path: str = scope.path
         segments = [s for s in path.split("/") if s]
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto
+        req.scheme = scope.scheme
         if ctx.admin_token is not None:
             kind = gate(segments)
-            if kind is Auth.ADMIN:
+            if kind is Auth.ADMIN and (
+                req.bearer() is not None or not ui.session_admits(ctx.admin_token, req)
+            ):
                 check_admin(ctx, req)
             elif kind is Auth.LEASE and req.bearer() is None:
                 raise Unauthorized("missing Authorization: Bearer token")
@@ -153,10 +181,10 @@ class App:
         if found is None:
             raise NotFound(f"no route for {req.method} {path}")
         route, req.params = found
+        route_of[0] = route.pattern
         if req.method in WRITE_METHODS:
             req.body = await self._read_body(scope, proto)
-        reply = await route.handler(ctx, req)
-        return reply.status, reply.body
+        return await route.handler(ctx, req)
 
     async def _read_body(self, scope: Any, proto: Any) -> bytes:
         limit = self.settings.max_body_bytes
@@ -224,7 +252,7 @@ def _watch_parent(loop: asyncio.AbstractEventLoop, shutdown: Any) -> None:
     everywhere a thread notices that the parent changed and shuts down."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # without it, the watch below does the job alone
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -30,6 +30,10 @@ from nulltickets.errors import (
 from nulltickets.http.request import Request
 from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Idem, Kind, Outcome, Recorded, Service
+
+if TYPE_CHECKING:
+    from nulltickets.http.metrics import Metrics
+    from nulltickets.http.sse import StreamHub
 
 T = TypeVar("T")
 
@@ -100,6 +104,8 @@ class Context:
     service: Service
     admin_token: str | None
     wakeups: Wakeups = field(default_factory=Wakeups)
+    hub: StreamHub | None = None  # GET /events/stream
+    metrics: Metrics | None = None  # GET /metrics
 
 
 Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)
@@ -204,7 +210,15 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
         after=after,
         limit=limit,
         agent_role=q.get("role"),
+        text=q.get("q"),
     )
+    return ok(200, _page(items, cursor))
+
+
+async def list_task_runs(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    after = req.event_cursor("an attempt number")
+    items, cursor = await ctx.service.list_task_runs(req.params["id"], after, limit)
     return ok(200, _page(items, cursor))
 
 
@@ -284,12 +298,24 @@ async def unassign(ctx: Context, req: Request) -> Reply:
 async def claim(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.Claim, req.body)
     wait_ms = max(0, min(command.wait_ms or 0, cmd.MAX_WAIT_MS))
-    service = ctx.service
+    metrics = ctx.metrics
     if not wait_ms:
-        return respond(await service.claim(command, idem(req)))
-    # Long poll: try, and while nothing is claimable wait for a wake-up of this role.
+        reply = respond(await ctx.service.claim(command, idem(req)))
+        if metrics is not None:
+            metrics.claimed(reply.status, None)
+        return reply
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_ms / 1000
+    started = loop.time()
+    reply = await _long_poll(ctx, req, command, started + wait_ms / 1000)
+    if metrics is not None:
+        metrics.claimed(reply.status, loop.time() - started)
+    return reply
+
+
+async def _long_poll(ctx: Context, req: Request, command: cmd.Claim, deadline: float) -> Reply:
+    """Try, and while nothing is claimable wait for a wake-up of the role until `deadline`."""
+    service = ctx.service
+    loop = asyncio.get_running_loop()
     role = command.agent_role
     with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
         while True:
@@ -445,6 +471,12 @@ async def delete_value(ctx: Context, req: Request) -> Reply:
     return respond(await ctx.service.delete_value(namespace, key, idem(req)))
 
 
+async def list_namespaces(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    items, cursor = await ctx.service.list_namespaces(req.query.get("cursor", ""), limit)
+    return ok(200, _page(items, cursor))
+
+
 async def list_namespace(ctx: Context, req: Request) -> Reply:
     return ok(200, await ctx.service.list_namespace(req.params["namespace"]))
 
@@ -474,6 +506,14 @@ async def queue_report(ctx: Context, req: Request) -> Reply:
     near_expiry_ms = req.int_param("near_expiry_ms", 60_000)
     stuck_ms = req.int_param("stuck_ms", 300_000)
     return ok(200, await ctx.service.queue_report(near_expiry_ms, stuck_ms))
+
+
+async def stage_report(ctx: Context, req: Request) -> Reply:
+    return ok(200, await ctx.service.stage_report())
+
+
+async def retry_report(ctx: Context, req: Request) -> Reply:
+    return ok(200, await ctx.service.retry_report(req.limit(100)))
 
 
 # --- traces ------------------------------------------------------------------------------------

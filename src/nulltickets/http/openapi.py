@@ -118,7 +118,9 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         }
     success: dict[str, Any] = {"description": "Success"}
     if route.response is not None:
-        success["content"] = {"application/json": {"schema": schemas[route.response]}}
+        success["content"] = {route.media: {"schema": schemas[route.response]}}
+    elif route.media != "application/json":
+        success["content"] = {route.media: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(route.status): success}
     if route.pattern == "/leases/claim":
         responses["204"] = {"description": "Nothing is claimable for this role."}

@@ -41,6 +41,7 @@ class Request:
     body: bytes = b""
     params: dict[str, str] = field(default_factory=dict)
     proto: Any = None
+    scheme: str = "http"  # "https" when the request came over TLS
     _query: dict[str, str] | None = None
 
     def disconnected(self) -> Any:
@@ -117,11 +118,11 @@ class Request:
         except ValueError:
             raise InvalidCursor("cursor must look like <created_at_ms>:<id>") from None
 
-    def event_cursor(self) -> int:
+    def event_cursor(self, what: str = "an event id") -> int:
         raw = self.query.get("cursor")
         if raw is None:
             return 0
         try:
             return _int64(raw)
         except ValueError:
-            raise InvalidCursor("cursor must be an event id") from None
+            raise InvalidCursor(f"cursor must be {what}") from None

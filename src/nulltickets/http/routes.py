@@ -16,6 +16,7 @@ from nulltickets import errors as e
 from nulltickets.domain import commands as cmd
 from nulltickets.domain import model
 from nulltickets.http import handlers as h
+from nulltickets.http import metrics, sse
 from nulltickets.http.request import Request
 
 Handler = Callable[[h.Context, Request], Awaitable[h.Reply]]
@@ -50,6 +51,7 @@ class Route:
     optional_body: bool = False  # the request body may be left out
     extra: bool = False  # not in the original's API (an addition of ours)
     tag: str = ""
+    media: str = "application/json"  # the content type of a success
 
     @functools.cached_property
     def parts(self) -> tuple[str, ...]:
@@ -58,7 +60,7 @@ class Route:
     @functools.cached_property
     def _shape(self) -> _Shape:
         parts = self.parts
-        rest = parts[-1][1:-2] if parts[-1].endswith("+}") else None
+        rest = parts[-1][1:-2] if parts and parts[-1].endswith("+}") else None
         fixed = parts[:-1] if rest is not None else parts
         return _Shape(
             size=len(parts),
@@ -185,6 +187,11 @@ ROUTES: tuple[Route, ...] = (
             Query("stage", "Only tasks in this stage."),
             Query("pipeline_id", "Only tasks of this pipeline."),
             Query("role", "Only tasks in stages whose agent_role is this role."),
+            Query(
+                "q",
+                "Only tasks whose title or id contains this text (any case). An addition of "
+                "ours, for the dashboard: it walks the pages until it has found `limit`.",
+            ),
             *PAGE,
         ),
         tag="tasks",
@@ -238,6 +245,18 @@ ROUTES: tuple[Route, ...] = (
         "What operators did to the task (requeued, cancelled), oldest first.",
         response=model.TaskEventPage,
         errors=(e.TaskNotFound, e.InvalidLimit, e.InvalidCursor),
+        query=PAGE,
+        extra=True,
+        tag="tasks",
+    ),
+    Route(
+        "GET",
+        "/tasks/{id}/runs",
+        h.list_task_runs,
+        "Every run of the task, oldest attempt first: who claimed it (agent_id, agent_role), "
+        "when, how it ended and the error it reported.",
+        response=model.TaskRunPage,
+        errors=(e.NotFound, e.InvalidLimit, e.InvalidCursor),
         query=PAGE,
         extra=True,
         tag="tasks",
@@ -504,6 +523,60 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/ops/stages",
+        h.stage_report,
+        "Per pipeline and stage with a role: claimable, leased, waiting on a retry delay, "
+        "blocked by dependencies, dead-lettered and cancelled tasks, the oldest claimable "
+        "task's age, and the transitions of each of the last 60 minutes.",
+        response=model.StageReport,
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/ops/retrying",
+        h.retry_report,
+        "Tasks waiting on a retry delay, soonest claimable first: when each becomes claimable "
+        "again and its latest failed attempt's error.",
+        response=model.RetryReport,
+        errors=(e.InvalidLimit,),
+        query=(Query("limit", "At most this many tasks, 1..1000 (default 100).", "integer"),),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/events/stream",
+        sse.stream,
+        "Run events as Server-Sent Events (text/event-stream), live: each `data:` is a "
+        "FeedEvent, its `id:` the event id. Filters combine; kind takes a comma-separated "
+        "list. Resume with the Last-Event-ID header (or last_event_id): the events after it "
+        "are replayed first. Without either, the stream starts with the next event. A "
+        "comment line every 15 s keeps idle streams open.",
+        response=model.FeedEvent,
+        media="text/event-stream",
+        errors=(e.InvalidCursor,),
+        query=(
+            Query("task_id", "Only events of this task's runs."),
+            Query("run_id", "Only events of this run."),
+            Query("pipeline_id", "Only events of this pipeline's tasks."),
+            Query("kind", "Only events of these kinds (comma-separated)."),
+            Query("last_event_id", "Replay the events after this id first.", "integer"),
+        ),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        metrics.metrics_text,
+        "Prometheus metrics (text format 0.0.4).",
+        media="text/plain",
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
         "/store/search",
         h.search_store,
         "Full-text search over the store, best match first (bm25), with snippets.",
@@ -516,6 +589,21 @@ ROUTES: tuple[Route, ...] = (
             Query("filter_path", "JSON path into the value, e.g. $.status."),
             Query("filter_value", "Keep values whose filter_path has this text form."),
         ),
+        tag="store",
+    ),
+    Route(
+        "GET",
+        "/namespaces",
+        h.list_namespaces,
+        "The store's namespaces by name, with how many keys each holds and when one last "
+        "changed (not under /store/: GET /store/{namespace} lists a namespace's entries).",
+        response=model.NamespacePage,
+        errors=(e.InvalidLimit,),
+        query=(
+            Query("limit", "Page size, 1..1000 (default 100).", "integer"),
+            Query("cursor", "The next_cursor of the previous page."),
+        ),
+        extra=True,
         tag="store",
     ),
     Route(
@@ -585,6 +673,8 @@ class Router:
 def gate(segments: list[str]) -> Auth:
     """How the admin-token gate treats a path, by its segments alone (any method)."""
     n = len(segments)
+    if n == 0 or segments[0] == "ui":  # the dashboard's pages: their data comes from the API
+        return Auth.NONE
     if n == 1 and segments[0] in ("health", "openapi.json"):
         return Auth.NONE
     if n == 2 and segments == [".well-known", "openapi.json"]:

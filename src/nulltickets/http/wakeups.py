@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from nulltickets.domain.clock import Clock, wall_ms
+from nulltickets.storage.ports import EVERY_ROLE
 
 
 class Wakeups:
@@ -33,6 +34,10 @@ class Wakeups:
     def deliver(self, role: str, at_ms: int) -> None:
         """A notification: `role` may have claimable work at `at_ms` (0: now)."""
         if self.closing:
+            return
+        if role == EVERY_ROLE:
+            for waiting in list(self._waiters):
+                self.wake(waiting)
             return
         now = self._clock()
         if at_ms <= now:

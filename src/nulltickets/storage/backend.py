@@ -4,17 +4,24 @@ Each method runs one named query (or a few, for the paging variants) inside the 
 of the unit of work it was given to (storage.ports.Database.write/read). Methods are named
 after their queries, take and return domain types, and raise our exceptions (StorageBusy,
 StorageFull, StorageQueryError, DuplicateName, ...), never driver ones. Nothing here is a
-dialect's: lists are lists (each backend encodes them for its SQL), search takes the user's
-terms (each backend builds its own full-text query), and a uniqueness the data guarantees is
-reported as the contract's error code.
+dialect's: lists are lists (they go to both dialects' SQL as JSON arrays), search takes the
+user's terms (each backend builds its own full-text query), and a uniqueness the data
+guarantees is reported as the contract's error code.
 
-Implementations: storage/sqlite/backend.py (SqliteBackend), storage/postgres (in progress).
+The mapping from rows to domain types is written once, here. A backend supplies what is its
+own: the query runner (`_all`, `_one`, `_exec`, `_insert` over its driver and its
+queries.sql), the driver's error classes, how search terms become its full-text query, and
+the few methods whose statements differ (each says why where it overrides). Implementations:
+storage/sqlite/backend.py (SqliteBackend), storage/postgres/backend.py (PostgresBackend).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Raw
 
 from nulltickets.domain.model import (
     Artifact,
@@ -22,8 +29,11 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     Failure,
+    FeedEvent,
     LeaseRow,
+    NamespaceSummary,
     Pipeline,
+    RetryWaiting,
     Run,
     SearchHit,
     Span,
@@ -32,21 +42,153 @@ from nulltickets.domain.model import (
     StoreEntry,
     Task,
     TaskEvent,
+    TaskRun,
+)
+from nulltickets.errors import (
+    DuplicateDependency,
+    DuplicateName,
+    StorageBusy,
+    StorageQueryError,
 )
 
+# (pipeline_id, stage, role, claimable, oldest claimable created_at_ms or None, leased,
+#  waiting on a retry delay, blocked, dead-lettered, cancelled)
+StageBoardRow = tuple[str, str, str, int, int | None, int, int, int, int, int]
+# (role, claimable, oldest claimable created_at_ms or None, failed, stuck, near expiry)
+QueueRow = tuple[str, int, int | None, int, int, int]
 
-class Backend(Protocol):
+_MIN_TIME = -(2**63)
+_encode = msgspec.json.encode
+
+
+def _task(row: Sequence[Any]) -> Task:
+    (
+        id_,
+        pipeline_id,
+        stage,
+        title,
+        description,
+        priority,
+        metadata,
+        version,
+        eligible,
+        delay,
+        max_attempts,
+        dl_stage,
+        dl_reason,
+        created,
+        updated,
+    ) = row
+    return Task(
+        id_,
+        pipeline_id,
+        stage,
+        title,
+        description,
+        priority,
+        Raw(metadata),
+        version,
+        eligible,
+        delay,
+        max_attempts,
+        dl_stage,
+        dl_reason,
+        created,
+        updated,
+    )
+
+
+def _run(row: Sequence[Any]) -> Run:
+    return Run(*row)
+
+
+def _keyset(after: tuple[int, str] | None, limit: int) -> dict[str, Any]:
+    """The parameters of a page ordered by (created_at_ms, id), after the last one seen."""
+    after_created, after_id = after if after is not None else (_MIN_TIME, "")
+    return {"after_created": after_created, "after_id": after_id, "limit": limit}
+
+
+class Backend:
+    # --- what each backend supplies ------------------------------------------------------------
+
+    # The driver's error for a violated unique constraint or primary key.
+    _unique_violation: ClassVar[type[Exception]]
+    # What a claim that lost the race for its task raises (the database may run it again).
+    _claim_race: ClassVar[type[StorageBusy]] = StorageBusy
+    # The driver's errors for a query the request made unreadable (a bad JSON path).
+    _bad_query: ClassVar[tuple[type[Exception], ...]]
+
+    def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Every row of query `name`."""
+        raise NotImplementedError
+
+    def _one(self, name: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The first row of query `name`, if any."""
+        raise NotImplementedError
+
+    def _exec(self, name: str, params: dict[str, Any]) -> int:
+        """Run statement `name`; the number of rows it changed."""
+        raise NotImplementedError
+
+    def _insert(self, name: str, params: dict[str, Any]) -> int:
+        """Run INSERT `name`; the id of the row it made."""
+        raise NotImplementedError
+
+    def _search_text(self, terms: Sequence[str]) -> str:
+        """The user's terms as this backend's full-text query, where no term is an operator."""
+        raise NotImplementedError
+
+    def _query_error(self, exc: Exception) -> str:
+        """The message of a `_bad_query` error, for the client."""
+        return str(exc)
+
+    def _board_row(self, row: tuple[Any, ...]) -> StageBoardRow:
+        """A row of stage_board (the backends' queries return its counts in two shapes)."""
+        raise NotImplementedError
+
+    def _queue_row(self, row: tuple[Any, ...]) -> QueueRow:
+        """A row of role_stage_queue (the backends' queries return its counts in two shapes)."""
+        raise NotImplementedError
+
+    def engine(self) -> tuple[str, str, list[str]]:
+        """(engine name, its version, the compile options we chose) for /health."""
+        raise NotImplementedError
+
+    def _value(self, name: str, params: dict[str, Any]) -> Any:
+        row = self._one(name, params)
+        return None if row is None else row[0]
+
+    # --- pipelines -----------------------------------------------------------------------------
+
     def insert_pipeline(self, id: str, name: str, definition_json: str, now: int) -> None:
         """Raises DuplicateName if a pipeline of that name exists (a constraint of the data)."""
-        ...
+        params = {"id": id, "name": name, "definition_json": definition_json, "now": now}
+        try:
+            self._exec("insert_pipeline", params)
+        except self._unique_violation:  # the pipeline's name is unique
+            raise DuplicateName(f"a pipeline named {name!r} already exists") from None
 
     def insert_pipeline_stage(
         self, pipeline_id: str, stage: str, agent_role: str | None, terminal: bool
-    ) -> None: ...
+    ) -> None:
+        self._exec(
+            "insert_pipeline_stage",
+            {
+                "pipeline_id": pipeline_id,
+                "stage": stage,
+                "agent_role": agent_role,
+                "terminal": bool(terminal),  # SQLite stores it as 0 or 1
+            },
+        )
 
-    def get_pipeline(self, id: str) -> Pipeline | None: ...
+    def get_pipeline(self, id: str) -> Pipeline | None:
+        row = self._one("get_pipeline", {"id": id})
+        return None if row is None else Pipeline(row[0], row[1], Raw(row[2]), row[3])
 
-    def list_pipelines(self) -> list[Pipeline]: ...
+    def list_pipelines(self) -> list[Pipeline]:
+        return [Pipeline(r[0], r[1], Raw(r[2]), r[3]) for r in self._all("list_pipelines")]
+
+    # --- tasks ---------------------------------------------------------------------------------
 
     def insert_task(
         self,
@@ -67,15 +209,37 @@ class Backend(Protocol):
     ) -> bool:
         """Insert a task; False (nothing inserted) if the pipeline already has a task under
         this idempotency key (a unique constraint: concurrent creates insert one)."""
-        ...
+        params = {
+            "id": id,
+            "pipeline_id": pipeline_id,
+            "stage": stage,
+            "title": title,
+            "description": description,
+            "priority": priority,
+            "metadata_json": metadata_json,
+            "max_attempts": max_attempts,
+            "retry_delay_ms": retry_delay_ms,
+            "dead_letter_stage": dead_letter_stage,
+            "idempotency_key": idempotency_key,
+            "retry_delay_set": bool(retry_delay_set),
+            "now": now,
+        }
+        # ON CONFLICT DO NOTHING on idx_tasks_idempotency_key (pipeline_id, idempotency_key).
+        return self._exec("insert_task", params) > 0
 
-    def get_task(self, id: str) -> Task | None: ...
+    def get_task(self, id: str) -> Task | None:
+        row = self._one("get_task", {"id": id})
+        return None if row is None else _task(row)
 
     def task_details(self, id: str) -> tuple[Task, str | None, int, int | None, str | None] | None:
         """(task, checkpoint JSON or None, fence, cancelled_at_ms, cancel_reason): one trip."""
-        ...
+        row = self._one("task_details", {"id": id})
+        if row is None:
+            return None
+        return _task(row[:15]), row[15], row[16], row[17], row[18]
 
-    def task_exists(self, id: str) -> bool: ...
+    def task_exists(self, id: str) -> bool:
+        return self._one("task_exists", {"id": id}) is not None
 
     def list_tasks(
         self,
@@ -85,61 +249,148 @@ class Backend(Protocol):
         after: tuple[int, str] | None,
         limit: int,
         agent_role: str | None = None,
-    ) -> list[Task]: ...
+        text: str | None = None,
+    ) -> list[Task]:
+        """A page of tasks after `after` (created_at_ms, id); `text`: only those whose title or
+        id holds it (any case)."""
+        params = _keyset(after, limit)
+        if text is not None:
+            params.update(stage=stage, pipeline_id=pipeline_id, agent_role=agent_role, q=text)
+            return [_task(r) for r in self._all("list_tasks_matching", params)]
+        if agent_role is not None:
+            params.update(agent_role=agent_role, stage=stage, pipeline_id=pipeline_id)
+            return [_task(r) for r in self._all("list_tasks_by_role", params)]
+        if stage is not None and pipeline_id is not None:
+            name = "list_tasks_by_pipeline_and_stage"
+        elif stage is not None:
+            name = "list_tasks_by_stage"
+        elif pipeline_id is not None:
+            name = "list_tasks_by_pipeline"
+        else:
+            name = "list_tasks"
+        if stage is not None:
+            params["stage"] = stage
+        if pipeline_id is not None:
+            params["pipeline_id"] = pipeline_id
+        return [_task(r) for r in self._all(name, params)]
 
-    def task_run_state(self, id: str) -> str | None: ...
+    def task_run_state(self, id: str) -> str | None:
+        value: str | None = self._value("task_run_state", {"id": id})
+        return value
 
-    def latest_run(self, task_id: str) -> Run | None: ...
+    def latest_run(self, task_id: str) -> Run | None:
+        row = self._one("latest_run", {"task_id": task_id})
+        return None if row is None else _run(row)
 
-    def task_by_idempotency_key(self, pipeline_id: str, key: str) -> str | None: ...
+    def task_by_idempotency_key(self, pipeline_id: str, key: str) -> str | None:
+        value: str | None = self._value(
+            "task_by_idempotency_key", {"pipeline_id": pipeline_id, "idempotency_key": key}
+        )
+        return value
 
     def task_resume(self, id: str) -> tuple[str | None, int] | None:
         """(checkpoint JSON or None, fence) of a task."""
-        ...
+        row = self._one("task_resume", {"id": id})
+        return None if row is None else (row[0], row[1])
 
-    def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]: ...
+    def list_task_runs(self, task_id: str, after: int, limit: int) -> list[TaskRun]:
+        """The task's runs after attempt `after`, oldest first."""
+        rows = self._all("list_task_runs", {"task_id": task_id, "after": after, "limit": limit})
+        return [TaskRun(*r) for r in rows]
 
-    def retry_delay_set(self, id: str) -> bool: ...
+    def retry_waiting(self, now: int, limit: int) -> list[RetryWaiting]:
+        """Tasks waiting on a retry delay at `now`, soonest claimable first."""
+        return [RetryWaiting(*r) for r in self._all("retry_waiting", {"now": now, "limit": limit})]
+
+    def list_namespaces(self, after: str, limit: int) -> list[NamespaceSummary]:
+        """The store's namespaces after `after`, by name."""
+        rows = self._all("list_namespaces", {"after": after, "limit": limit})
+        return [NamespaceSummary(r[0], int(r[1]), int(r[2])) for r in rows]
+
+    def previous_failures(self, task_id: str, limit: int = 20) -> list[Failure]:
+        rows = self._all("previous_failures", {"task_id": task_id, "limit": limit})
+        return [Failure(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def retry_delay_set(self, id: str) -> bool:
+        return bool(self._value("retry_delay_set", {"id": id}))
 
     def bump_fence(self, id: str) -> tuple[int, str | None]:
         """Raise a task's fence; (the new fence, its checkpoint JSON or None)."""
-        ...
+        row = self._one("bump_fence", {"id": id})
+        assert row is not None  # the claimed task exists in this transaction
+        return int(row[0]), row[1]
 
-    def task_fence_of_run(self, run_id: str) -> int | None: ...
+    def task_fence_of_run(self, run_id: str) -> int | None:
+        value: int | None = self._value("task_fence_of_run", {"run_id": run_id})
+        return value
 
-    def task_fence_of_lease(self, lease_id: str) -> int | None: ...
+    def task_fence_of_lease(self, lease_id: str) -> int | None:
+        value: int | None = self._value("task_fence_of_lease", {"lease_id": lease_id})
+        return value
 
-    def merge_checkpoint(self, id: str, patch_json: str) -> str: ...
+    def merge_checkpoint(self, id: str, patch_json: str) -> str:
+        return str(self._value("merge_checkpoint", {"id": id, "patch": patch_json}))
 
-    def leases_of_agent(self, agent_id: str) -> list[str]: ...
+    def leases_of_agent(self, agent_id: str) -> list[str]:
+        return [r[0] for r in self._all("leases_of_agent", {"agent_id": agent_id})]
 
-    def dependent_stages(self, id: str) -> list[tuple[str, str]]: ...
+    def dependent_stages(self, id: str) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._all("dependent_stages", {"id": id})]
 
-    def leased_in_pipeline_stage(self, pipeline_id: str, stage: str) -> int: ...
+    def leased_in_pipeline_stage(self, pipeline_id: str, stage: str) -> int:
+        params = {"pipeline_id": pipeline_id, "stage": stage}
+        return int(self._value("leased_in_pipeline_stage", params))
 
-    def role_stages(self, agent_role: str) -> list[tuple[str, str]]: ...
+    def role_stages(self, agent_role: str) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._all("role_stages", {"agent_role": agent_role})]
+
+    # --- dependencies and assignments ----------------------------------------------------------
 
     def insert_dependency(self, task_id: str, depends_on_task_id: str, now: int) -> None:
         """Raises DuplicateDependency if the dependency exists (a constraint of the data)."""
-        ...
+        params = {"task_id": task_id, "depends_on_task_id": depends_on_task_id, "now": now}
+        try:
+            self._exec("insert_dependency", params)
+        except self._unique_violation:  # PRIMARY KEY (task_id, depends_on_task_id)
+            raise DuplicateDependency() from None
 
-    def list_dependencies(self, task_id: str) -> list[Dependency]: ...
+    def list_dependencies(self, task_id: str) -> list[Dependency]:
+        rows = self._all("list_dependencies", {"task_id": task_id})
+        return [Dependency(r[0], bool(r[1])) for r in rows]
 
-    def deactivate_assignments(self, task_id: str, now: int) -> None: ...
+    def deactivate_assignments(self, task_id: str, now: int) -> None:
+        self._exec("deactivate_assignments", {"task_id": task_id, "now": now})
 
     def upsert_assignment(
         self, task_id: str, agent_id: str, assigned_by: str | None, now: int
-    ) -> None: ...
+    ) -> None:
+        self._exec(
+            "upsert_assignment",
+            {"task_id": task_id, "agent_id": agent_id, "assigned_by": assigned_by, "now": now},
+        )
 
-    def unassign(self, task_id: str, agent_id: str, now: int) -> bool: ...
+    def unassign(self, task_id: str, agent_id: str, now: int) -> bool:
+        params = {"task_id": task_id, "agent_id": agent_id, "now": now}
+        return self._exec("unassign", params) > 0
 
-    def list_assignments(self, task_id: str) -> list[Assignment]: ...
+    def list_assignments(self, task_id: str) -> list[Assignment]:
+        rows = self._all("list_assignments", {"task_id": task_id})
+        return [Assignment(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
 
-    def expired_leases(self, now: int, limit: int) -> list[tuple[str, str, str]]: ...
+    # --- leases and runs -----------------------------------------------------------------------
 
-    def next_lease_expiry(self) -> int | None: ...
+    def expired_leases(self, now: int, limit: int) -> list[tuple[str, str, str]]:
+        """(lease id, run id, task id) of expired leases. A backend with concurrent writers
+        locks them for this unit of work, and every other reaper skips them (SKIP LOCKED)."""
+        rows = self._all("expired_leases", {"now": now, "limit": limit})
+        return [(r[0], r[1], r[2]) for r in rows]
 
-    def leased_in_stage(self, stage: str) -> int: ...
+    def next_lease_expiry(self) -> int | None:
+        value: int | None = self._value("next_lease_expiry", {})
+        return value
+
+    def leased_in_stage(self, stage: str) -> int:
+        return int(self._value("leased_in_stage", {"stage": stage}))
 
     def claim_candidate(
         self,
@@ -152,7 +403,17 @@ class Backend(Protocol):
         """The best claimable task of the role, skipping the stages in `full_stages` and the
         (pipeline, stage) pairs in `full_pairs` (their concurrency limits are reached). A
         backend with concurrent writers locks the row it returns (FOR UPDATE SKIP LOCKED)."""
-        ...
+        # The lists go as JSON arrays (SQLite's json_each, PostgreSQL's jsonb); NULL (no list)
+        # skips their tests altogether.
+        params = {
+            "agent_role": agent_role,
+            "agent_id": agent_id,
+            "full_stages": _encode(full_stages).decode() if full_stages else None,
+            "full_pairs": _encode(full_pairs).decode() if full_pairs else None,
+            "now": now,
+        }
+        row = self._one("claim_candidate", params)
+        return None if row is None else _task(row)
 
     def insert_run(
         self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
@@ -160,7 +421,23 @@ class Backend(Protocol):
         """Insert a running run under `lease_id`; returns its attempt number. At most one run
         of a task is running (a unique constraint): a second raises StorageBusy (the claim
         lost a race and may simply be tried again)."""
-        ...
+        params = {
+            "id": id,
+            "task_id": task_id,
+            "agent_id": agent_id,
+            "agent_role": agent_role,
+            "now": now,
+            "lease_id": lease_id,
+        }
+        # The task has a running run already: SQLite refuses the row (idx_runs_running), the
+        # PostgreSQL statement inserts nothing and returns no row (runs_one_running_per_task).
+        try:
+            row = self._one("insert_run", params)
+        except self._unique_violation:
+            row = None
+        if row is None:
+            raise self._claim_race("the task was claimed at the same moment; claim again")
+        return int(row[0])
 
     def insert_lease(
         self,
@@ -173,19 +450,41 @@ class Backend(Protocol):
         ttl_ms: int,
         fence: int,
         now: int,
-    ) -> None: ...
+    ) -> None:
+        params = {
+            "id": id,
+            "run_id": run_id,
+            "agent_id": agent_id,
+            "token_hash": token_hash,
+            "expires_at_ms": expires_at_ms,
+            "ttl_ms": ttl_ms,
+            "fence": fence,
+            "now": now,
+        }
+        self._exec("insert_lease", params)
 
-    def lease_by_run(self, run_id: str) -> LeaseRow | None: ...
+    def lease_by_run(self, run_id: str) -> LeaseRow | None:
+        row = self._one("lease_by_run", {"run_id": run_id})
+        return None if row is None else LeaseRow(*row)
 
-    def lease_by_id(self, id: str) -> LeaseRow | None: ...
+    def lease_by_id(self, id: str) -> LeaseRow | None:
+        row = self._one("lease_by_id", {"id": id})
+        return None if row is None else LeaseRow(*row)
 
-    def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None: ...
+    def extend_lease(self, id: str, expires_at_ms: int, ttl_ms: int, now: int) -> None:
+        self._exec(
+            "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
+        )
 
-    def rotate_lease_token(self, id: str, token_hash: bytes) -> bool: ...
+    def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
+        return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0
 
-    def delete_lease(self, id: str) -> None: ...
+    def delete_lease(self, id: str) -> None:
+        self._exec("delete_lease", {"id": id})
 
-    def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int: ...
+    def insert_event(self, run_id: str, kind: str, data_json: str, now: int) -> int:
+        params = {"run_id": run_id, "kind": kind, "data_json": data_json, "now": now}
+        return self._insert("insert_event", params)
 
     def insert_event_under_lease(
         self,
@@ -197,19 +496,72 @@ class Backend(Protocol):
         now: int,
     ) -> int | None:
         """Insert the event only if the run's live lease matches; its id, or None."""
-        ...
+        value: int | None = self._value(
+            "insert_event_under_lease",
+            {
+                "run_id": run_id,
+                "token_hash": token_hash,
+                "fence": fence,
+                "kind": kind,
+                "data_json": data_json,
+                "now": now,
+            },
+        )
+        return value
 
-    def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]: ...
+    def list_events(self, run_id: str, after_id: int, limit: int) -> list[Event]:
+        rows = self._all("list_events", {"run_id": run_id, "after_id": after_id, "limit": limit})
+        return [Event(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
+
+    def events_feed(self, after_id: int, limit: int, task_id: str | None = None) -> list[FeedEvent]:
+        """Run events after `after_id` of every run (or of one task's runs), oldest first."""
+        params = {"after_id": after_id, "limit": limit, "task_id": task_id}
+        return [
+            FeedEvent(r[0], r[1], r[2], r[3], r[4], r[5], Raw(r[6]))
+            for r in self._all("events_feed", params)
+        ]
+
+    def last_event_id(self) -> int:
+        return int(self._value("last_event_id", {}))
+
+    def event_kinds_since(self, after_id: int) -> list[tuple[str, int, int]]:
+        """(kind, count, newest id) of the run events after `after_id`."""
+        rows = self._all("event_kinds_since", {"after_id": after_id})
+        return [(str(k), int(n), int(m)) for k, n, m in rows]
+
+    def stage_board(self, now: int) -> list[StageBoardRow]:
+        """Per (pipeline, stage) with a role: (pipeline_id, stage, role, claimable, oldest
+        claimable created_at_ms, leased, delayed, blocked, dead-lettered, cancelled)."""
+        return [self._board_row(r) for r in self._all("stage_board", {"now": now})]
+
+    def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
+        """(minute since `since`, transitions) among the newest `window` events."""
+        rows = self._all("transitions_since", {"since": since, "window": window})
+        return [(int(m), int(n)) for m, n in rows]
 
     def end_run(
         self, id: str, status: str, usage_json: str, error_text: str | None, now: int
-    ) -> bool: ...
+    ) -> bool:
+        params = {
+            "id": id,
+            "status": status,
+            "usage_json": usage_json,
+            "error_text": error_text,
+            "now": now,
+        }
+        return self._exec("end_run", params) > 0
 
-    def move_task(self, id: str, stage: str, task_version: int, now: int) -> bool: ...
+    def move_task(self, id: str, stage: str, task_version: int, now: int) -> bool:
+        params = {"id": id, "stage": stage, "task_version": task_version, "now": now}
+        return self._exec("move_task", params) > 0
 
-    def failed_attempts(self, task_id: str) -> int: ...
+    def failed_attempts(self, task_id: str) -> int:
+        return int(self._value("failed_attempts", {"task_id": task_id}))
 
-    def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None: ...
+    def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None:
+        self._exec(
+            "schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms, "now": now}
+        )
 
     def dead_letter_task(
         self,
@@ -219,35 +571,74 @@ class Backend(Protocol):
         reason: str,
         next_eligible_at_ms: int,
         now: int,
-    ) -> None: ...
+    ) -> None:
+        self._exec(
+            "dead_letter_task",
+            {
+                "id": id,
+                "stage": stage,
+                "version_bump": version_bump,
+                "reason": reason,
+                "next_eligible_at_ms": next_eligible_at_ms,
+                "now": now,
+            },
+        )
 
     def cancel_task(self, id: str, reason: str | None, next_eligible_at_ms: int, now: int) -> bool:
         """Cancel a task that is not cancelled yet; False if it already was."""
-        ...
+        params = {
+            "id": id,
+            "reason": reason,
+            "next_eligible_at_ms": next_eligible_at_ms,
+            "now": now,
+        }
+        return self._exec("cancel_task", params) > 0
 
     def requeue_task(
         self, id: str, stage: str, version_bump: int, reset_attempts: bool, now: int
-    ) -> None: ...
+    ) -> None:
+        params = {
+            "id": id,
+            "stage": stage,
+            "version_bump": version_bump,
+            "reset": bool(reset_attempts),
+            "now": now,
+        }
+        self._exec("requeue_task", params)
 
     def task_cancellation(self, id: str) -> tuple[int | None, str | None]:
         """(cancelled_at_ms, cancel_reason) of a task; both None if it is not cancelled."""
-        ...
+        row = self._one("task_cancellation", {"id": id})
+        return (None, None) if row is None else (row[0], row[1])
 
     def live_lease_of_task(self, task_id: str) -> tuple[str, str, int] | None:
         """(lease id, run id, expires_at_ms) of the task's running run, if it has one."""
-        ...
+        row = self._one("live_lease_of_task", {"task_id": task_id})
+        return None if row is None else (row[0], row[1], row[2])
 
-    def run_status(self, id: str) -> str | None: ...
+    def run_status(self, id: str) -> str | None:
+        value: str | None = self._value("run_status", {"id": id})
+        return value
 
-    def run_status_of_lease(self, lease_id: str) -> str | None: ...
+    def run_status_of_lease(self, lease_id: str) -> str | None:
+        value: str | None = self._value("run_status_of_lease", {"lease_id": lease_id})
+        return value
 
     def last_dead_letter(self, task_id: str) -> str | None:
         """The data JSON of the task's latest dead_letter event, if any."""
-        ...
+        value: str | None = self._value("last_dead_letter", {"task_id": task_id})
+        return value
 
-    def insert_task_event(self, task_id: str, kind: str, data_json: str, now: int) -> int: ...
+    def insert_task_event(self, task_id: str, kind: str, data_json: str, now: int) -> int:
+        params = {"task_id": task_id, "kind": kind, "data_json": data_json, "now": now}
+        return self._insert("insert_task_event", params)
 
-    def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]: ...
+    def list_task_events(self, task_id: str, after_id: int, limit: int) -> list[TaskEvent]:
+        params = {"task_id": task_id, "after_id": after_id, "limit": limit}
+        rows = self._all("list_task_events", params)
+        return [TaskEvent(r[0], r[1], r[2], r[3], Raw(r[4])) for r in rows]
+
+    # --- artifacts -----------------------------------------------------------------------------
 
     def insert_artifact(
         self,
@@ -261,9 +652,22 @@ class Backend(Protocol):
         size_bytes: int | None,
         meta_json: str,
         now: int,
-    ) -> None: ...
+    ) -> None:
+        params = {
+            "id": id,
+            "task_id": task_id,
+            "run_id": run_id,
+            "kind": kind,
+            "uri": uri,
+            "sha256": sha256,
+            "size_bytes": size_bytes,
+            "meta_json": meta_json,
+            "now": now,
+        }
+        self._exec("insert_artifact", params)
 
-    def run_exists(self, id: str) -> bool: ...
+    def run_exists(self, id: str) -> bool:
+        return self._one("run_exists", {"id": id}) is not None
 
     def list_artifacts(
         self,
@@ -272,17 +676,31 @@ class Backend(Protocol):
         run_id: str | None,
         after: tuple[int, str] | None,
         limit: int,
-    ) -> list[Artifact]: ...
+    ) -> list[Artifact]:
+        params = {"task_id": task_id, "run_id": run_id, **_keyset(after, limit)}
+        rows = self._all("list_artifacts", params)
+        return [Artifact(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], Raw(r[8])) for r in rows]
 
-    def put_value(self, namespace: str, key: str, value_json: str, now: int) -> None: ...
+    # --- store ---------------------------------------------------------------------------------
 
-    def get_value(self, namespace: str, key: str) -> StoreEntry | None: ...
+    def put_value(self, namespace: str, key: str, value_json: str, now: int) -> None:
+        self._exec(
+            "put_value", {"namespace": namespace, "key": key, "value_json": value_json, "now": now}
+        )
 
-    def delete_value(self, namespace: str, key: str) -> None: ...
+    def get_value(self, namespace: str, key: str) -> StoreEntry | None:
+        row = self._one("get_value", {"namespace": namespace, "key": key})
+        return None if row is None else StoreEntry(row[0], row[1], Raw(row[2]), row[3], row[4])
 
-    def list_namespace(self, namespace: str) -> list[StoreEntry]: ...
+    def delete_value(self, namespace: str, key: str) -> None:
+        self._exec("delete_value", {"namespace": namespace, "key": key})
 
-    def delete_namespace(self, namespace: str) -> None: ...
+    def list_namespace(self, namespace: str) -> list[StoreEntry]:
+        rows = self._all("list_namespace", {"namespace": namespace})
+        return [StoreEntry(r[0], r[1], Raw(r[2]), r[3], r[4]) for r in rows]
+
+    def delete_namespace(self, namespace: str) -> None:
+        self._exec("delete_namespace", {"namespace": namespace})
 
     def search_store(
         self,
@@ -296,11 +714,35 @@ class Backend(Protocol):
         builds its own full-text query, where no term is an operator), best first, each with
         a score (lower is better) and a snippet marking the matches with [ and ]. A bad
         `filter_path` raises StorageQueryError."""
-        ...
+        params = {
+            "query": self._search_text(terms),
+            "namespace": namespace,
+            "filter_path": filter_path,
+            "filter_value": filter_value,
+            "limit": limit,
+        }
+        try:
+            rows = self._all("search_store", params)
+        except self._bad_query as exc:  # e.g. a malformed JSON path from the request
+            raise StorageQueryError(self._query_error(exc)) from None
+        return [
+            SearchHit(r[0], r[1], Raw(r[2]), r[3], r[4], score=float(r[5]), snippet=r[6])
+            for r in rows
+        ]
 
     def role_stage_queue(
         self, now: int, stuck_before: int, near_expiry_before: int
-    ) -> list[tuple[str, int, int | None, int, int, int]]: ...
+    ) -> list[QueueRow]:
+        """Per (pipeline, stage) that names a role: (role, claimable, oldest claimable
+        created_at_ms, failed, stuck, near expiry)."""
+        params = {
+            "now": now,
+            "stuck_before": stuck_before,
+            "near_expiry_before": near_expiry_before,
+        }
+        return [self._queue_row(r) for r in self._all("role_stage_queue", params)]
+
+    # --- traces --------------------------------------------------------------------------------
 
     def insert_otlp_batch(
         self,
@@ -309,15 +751,53 @@ class Backend(Protocol):
         payload_blob: bytes | None,
         parsed_spans: int,
         now: int,
-    ) -> int: ...
+    ) -> int:
+        params = {
+            "content_type": content_type,
+            "payload_json": payload_json,
+            "payload_blob": payload_blob,
+            "parsed_spans": parsed_spans,
+            "now": now,
+        }
+        return self._insert("insert_otlp_batch", params)
 
-    def insert_otlp_span(self, batch_id: int, span: SpanRow) -> None: ...
+    def insert_otlp_span(self, batch_id: int, span: SpanRow) -> None:
+        self._exec("insert_otlp_span", {"batch_id": batch_id, **msgspec.structs.asdict(span)})
 
-    def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]: ...
+    def list_run_spans(self, run_id: str, after_id: int, limit: int) -> list[Span]:
+        rows = self._all("list_run_spans", {"run_id": run_id, "after_id": after_id, "limit": limit})
+        return [
+            Span(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                r[11],
+                r[12],
+                r[13],
+                r[14],
+                Raw(r[15]),
+                Raw(r[16]),
+            )
+            for r in rows
+        ]
 
-    def tasks_by_stage(self) -> list[StageCount]: ...
+    # --- health --------------------------------------------------------------------------------
 
-    def active_leases(self, now: int) -> int: ...
+    def tasks_by_stage(self) -> list[StageCount]:
+        return [StageCount(r[0], int(r[1])) for r in self._all("tasks_by_stage")]
+
+    def active_leases(self, now: int) -> int:
+        return int(self._value("active_leases", {"now": now}))
+
+    # --- idempotency ---------------------------------------------------------------------------
 
     def get_idempotency(
         self, key: str, method: str, path: str
@@ -326,7 +806,8 @@ class Backend(Protocol):
         statement of an idempotent unit of work: a backend with concurrent writers holds the
         key until the unit commits (PostgreSQL: lock_idempotency_key), so that concurrent
         requests under one key run once and the others replay its answer."""
-        ...
+        row = self._one("get_idempotency", {"key": key, "method": method, "path": path})
+        return None if row is None else (row[0], row[1], row[2], row[3])
 
     def put_idempotency(
         self,
@@ -339,6 +820,18 @@ class Backend(Protocol):
         status: int,
         body: str,
         now: int,
-    ) -> None: ...
+    ) -> None:
+        params = {
+            "key": key,
+            "method": method,
+            "path": path,
+            "request_hash": request_hash,
+            "auth_hash": auth_hash,
+            "status": status,
+            "body": body,
+            "now": now,
+        }
+        self._exec("put_idempotency", params)
 
-    def purge_idempotency(self, before: int) -> int: ...
+    def purge_idempotency(self, before: int) -> int:
+        return self._exec("purge_idempotency", {"before": before})

@@ -29,6 +29,15 @@ def is_postgres(target: str) -> bool:
     return target.startswith(POSTGRES_SCHEMES)
 
 
+def engine_description(target: str) -> str:
+    """The engine the start-up line names: for SQLite its version and our compile options."""
+    if is_postgres(target):
+        return "PostgreSQL"
+    from nulltickets.storage.sqlite import connection
+
+    return f"SQLite {connection.sqlite_version()} ({' '.join(connection.sqlite_options())})"
+
+
 def display_name(target: str) -> str:
     """The target as logs and the start-up line may show it: without a URL's password."""
     if not is_postgres(target):

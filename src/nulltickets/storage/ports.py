@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from nulltickets.domain.stats import Histogram
 from nulltickets.storage.backend import Backend
 
 T = TypeVar("T")
@@ -27,6 +28,26 @@ T = TypeVar("T")
 # A wake-up: (agent role, at_ms). at_ms 0 means "now"; later means "when the clock reaches it"
 # (a retry delay running out).
 Wake = Callable[[str, int], None]
+# The role of a wake-up for every role at once: a notifier that may have missed notifications
+# (PostgreSQL's listening connection, after it reconnected) sends it, and every long-poll looks
+# at the committed state again.
+EVERY_ROLE = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageStats:
+    """What a backend measured in this process, for /metrics.
+
+    figures: numbers by name (SQLite: writer_batches, writer_jobs, wal_checkpoints,
+    wal_checkpoints_forced, wal_bytes; PostgreSQL: retries).
+    histograms: by name, what each observation measured: commit_duration_seconds (each
+    COMMIT: SQLite's group-commit batch, PostgreSQL's unit of work), and on SQLite
+    checkpoint_duration_seconds (each WAL checkpoint) and writer_batch_size (writes per
+    committed batch). A backend leaves out what it does not have.
+    """
+
+    figures: dict[str, float]
+    histograms: dict[str, Histogram]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +96,20 @@ class Notifier(Protocol):
         """Held by a long-poll claim from before its first attempt until it returns."""
         ...
 
+    def on_commit(
+        self,
+        callback: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        wanted: Callable[[], bool] | None = None,
+    ) -> None:
+        """Call `callback()` after every committed unit of work of this process, whether or not
+        it notified anyone (event streams read what it added), on `loop` as `subscribe` does.
+        Not filtered by `listening`; `wanted()`, when given, is asked first on the committing
+        thread (it must be cheap and safe there) and False skips the call and its hop to
+        `loop`: with no event stream open a commit costs no wake-up of the loop."""
+        ...
+
 
 class Database(Protocol):
     """One database: units of work, notifications, capabilities."""
@@ -96,6 +131,11 @@ class Database(Protocol):
 
     def schema_version(self) -> tuple[int, int]:
         """(the database's schema version, the latest migration this build has)."""
+        ...
+
+    def stats(self) -> StorageStats:
+        """Read-only figures and timings of this process's storage for /metrics (see
+        StorageStats); observing them costs the storage O(1) per commit or checkpoint."""
         ...
 
     async def read(self, job: Callable[[Backend], T]) -> T:

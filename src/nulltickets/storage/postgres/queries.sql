@@ -7,6 +7,11 @@
 -- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
 -- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
 -- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
+-- Row locks, one order everywhere (two servers taking them in opposite orders deadlock, and
+-- each deadlock costs deadlock_timeout and a retry): a task's row before its lease's, and
+-- whoever ends a run holds its task's row (lock_lease_by_*, expired_leases,
+-- live_lease_of_task). A claim holds the task rows it chose (claim_candidate), so it never
+-- waits for a run being ended while holding one: its SKIP LOCKED passes over that task.
 
 -- insert_pipeline --
 -- A name already taken fails with a unique violation of pipelines_name_key: the backend
@@ -49,6 +54,16 @@ RETURNING id;
 
 -- task_by_idempotency_key --
 SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
+
+-- task_details --
+-- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
+-- and fence, and its cancellation.
+SELECT
+    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
+    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
+    created_at_ms, updated_at_ms, checkpoint_json::text, fence, cancelled_at_ms, cancel_reason
+FROM tasks
+WHERE id = :id;
 
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
@@ -157,6 +172,22 @@ WHERE pipeline_id = :pipeline_id
 ORDER BY created_at_ms, id
 LIMIT :limit;
 
+-- list_tasks_by_role --
+-- Tasks in the stages a role works on (optionally one stage or pipeline): from the role's few
+-- stages to their tasks (idx_tasks_pipeline_stage_page), never through other stages' tasks.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM pipeline_stages AS s
+JOIN tasks AS t ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+WHERE s.agent_role = :agent_role
+    AND (:stage::text IS NULL OR s.stage = :stage::text)
+    AND (:pipeline_id::text IS NULL OR s.pipeline_id = :pipeline_id::text)
+    AND (t.created_at_ms, t.id) > (:after_created::bigint, :after_id::text)
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit;
+
 -- task_run_state --
 -- The original never writes tasks.run_id; fall back to the task's latest run.
 SELECT coalesce(
@@ -211,16 +242,18 @@ WHERE task_id = :task_id
 ORDER BY created_at_ms, seq;
 
 -- expired_leases --
--- Leases past their expiry whose runs are still running: the janitor's work list. Each row is
--- locked for the reaper that read it and skipped by the others, so any number of servers can
--- reap at once without reaping a lease twice.
+-- Leases past their expiry whose runs are still running: the janitor's work list. Each lease
+-- and its task are locked (task first, see the top) for the reaper that read them and skipped
+-- by the others, so any number of servers can reap at once without reaping a lease twice; a
+-- task a claim or a lease-protected write holds is left to a later pass.
 SELECT l.id, l.run_id, r.task_id
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
 WHERE l.expires_at_ms <= :now
 ORDER BY l.expires_at_ms
 LIMIT :limit
-FOR UPDATE OF l SKIP LOCKED;
+FOR UPDATE OF t, l SKIP LOCKED;
 
 -- next_lease_expiry --
 SELECT min(expires_at_ms) FROM leases;
@@ -342,6 +375,33 @@ JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id;
 
+-- lock_lease_by_run --
+-- lease_by_run in a unit of work that writes: the lease row stays locked until it ends, so
+-- lease-protected writes on one lease (on any server) run one after the other, each seeing
+-- what the one before it left, as under SQLite's single writer. One that waited for a
+-- transition or release that deleted the lease finds no lease (404), never a half-ended run.
+-- The task row is locked too, and first (see the top): a claim that chose the task waits for
+-- nothing this write holds, and this write waits for it before touching the run.
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.run_id = :run_id
+FOR UPDATE OF t, l;
+
+-- lock_lease_by_id --
+-- lease_by_id in a unit of work that writes (see lock_lease_by_run).
+SELECT
+    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
+    t.task_version, t.pipeline_id, l.fence, l.agent_id
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.id = :id
+FOR UPDATE OF t, l;
+
 -- extend_lease --
 UPDATE leases
 SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
@@ -371,6 +431,9 @@ WHERE l.run_id = :run_id
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
 LIMIT 1
+-- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
+-- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
+FOR SHARE OF l
 RETURNING id;
 
 -- list_events --
@@ -396,8 +459,10 @@ SET stage = :stage,
 WHERE id = :id AND task_version = :task_version;
 
 -- failed_attempts --
--- Failures and lease expiries, over the task's whole life.
-SELECT count(*) FROM runs WHERE task_id = :task_id AND status IN ('failed', 'stale');
+-- Failures and lease expiries, over the task's whole life, less those a requeue wrote off.
+SELECT count(*) - (SELECT failures_forgiven FROM tasks WHERE id = :task_id)
+FROM runs
+WHERE task_id = :task_id AND status IN ('failed', 'stale');
 
 -- schedule_retry --
 UPDATE tasks
@@ -412,6 +477,80 @@ SET stage = :stage,
     next_eligible_at_ms = :next_eligible_at_ms,
     updated_at_ms = :now
 WHERE id = :id;
+
+-- cancel_task --
+-- Park the task for good: a non-null dead_letter_reason keeps it out of idx_tasks_claim (a
+-- dead-lettered task keeps its reason, so a requeue still knows where it came from).
+UPDATE tasks
+SET dead_letter_reason = coalesce(dead_letter_reason, 'cancelled'),
+    next_eligible_at_ms = :next_eligible_at_ms,
+    cancelled_at_ms = :now,
+    cancel_reason = :reason,
+    updated_at_ms = :now
+WHERE id = :id AND cancelled_at_ms IS NULL;
+
+-- requeue_task --
+-- Claimable now in :stage: no dead-letter or cancellation, no retry delay; with :reset, the
+-- failed attempts so far no longer count against max_attempts.
+UPDATE tasks
+SET stage = :stage,
+    task_version = task_version + :version_bump,
+    dead_letter_reason = NULL,
+    next_eligible_at_ms = 0,
+    cancelled_at_ms = NULL,
+    cancel_reason = NULL,
+    failures_forgiven = CASE
+        WHEN :reset THEN (
+            SELECT count(*) FROM runs WHERE task_id = :id AND status IN ('failed', 'stale')
+        )
+        ELSE failures_forgiven
+    END,
+    updated_at_ms = :now
+WHERE id = :id;
+
+-- task_cancellation --
+SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
+
+-- live_lease_of_task --
+-- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
+-- Not one-to-one: the task and the lease are locked (task first, see the top), as by
+-- lock_lease_by_*: the cancel that reads it ends that run and deletes that lease. A lease
+-- ended meanwhile by its holder is waited for and then not found.
+SELECT l.id, l.run_id, l.expires_at_ms
+FROM tasks AS t
+JOIN runs AS r ON r.task_id = t.id
+JOIN leases AS l ON l.run_id = r.id
+WHERE t.id = :task_id AND r.status = 'running'
+LIMIT 1
+FOR UPDATE OF t, l;
+
+-- run_status --
+SELECT status FROM runs WHERE id = :id;
+
+-- run_status_of_lease --
+SELECT status FROM runs WHERE lease_id = :lease_id;
+
+-- last_dead_letter --
+-- The data of the task's latest dead_letter event: where a dead-letter policy moved it from.
+SELECT e.data_json
+FROM runs AS r
+JOIN events AS e ON e.run_id = r.id
+WHERE r.task_id = :task_id AND e.kind = 'dead_letter'
+ORDER BY e.id DESC
+LIMIT 1;
+
+-- insert_task_event --
+-- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
+INSERT INTO task_events (task_id, ts_ms, kind, data_json)
+VALUES (:task_id, :now, :kind, :data_json)
+RETURNING id;
+
+-- list_task_events --
+SELECT id, task_id, ts_ms, kind, data_json
+FROM task_events
+WHERE task_id = :task_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
 
 -- insert_artifact --
 INSERT INTO artifacts (
@@ -459,7 +598,7 @@ DELETE FROM idempotency_keys WHERE created_at_ms < :before;
 
 -- put_value --
 INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
-VALUES (:namespace, :key, :value_json::jsonb, :now, :now)
+VALUES (:namespace, :key, :value_json, :now, :now)
 ON CONFLICT (namespace, key) DO UPDATE
 SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
 
@@ -513,7 +652,7 @@ FROM store_query(:query) AS q (query)
 JOIN store AS s ON s.search @@ q.query
 CROSS JOIN LATERAL (
     SELECT jsonb_path_query_first(
-        s.value_json, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
+        s.value_json::jsonb, ('strict ' || :filter_path::text)::jsonpath, '{}'::jsonb, true
     ) AS value
 ) AS f
 WHERE (:namespace::text IS NULL OR s.namespace = :namespace::text)
@@ -616,6 +755,15 @@ LIMIT :limit;
 
 -- The PostgreSQL backend's own statements.
 
+-- notify --
+-- The Notifier's wake-ups (notifier.py), sent with the unit of work's COMMIT: one payload of
+-- "role<TAB>at_ms" lines per unit of work.
+SELECT pg_notify('nulltickets_claimable', :payload);
+
+-- listen --
+-- The Notifier's listening connection, one per process (notifier.py).
+LISTEN nulltickets_claimable;
+
 -- lock_idempotency_key --
 -- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
 -- concurrent replays of one key (on any server) then run one after the other, and each later
@@ -643,3 +791,133 @@ SELECT version FROM nulltickets_schema ORDER BY version;
 
 -- schema_record --
 INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);
+
+-- events_feed --
+-- Run events after :after_id across every run (the live stream reads this once per commit for
+-- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
+SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE e.id > :after_id AND (CAST(:task_id AS text) IS NULL OR r.task_id = :task_id)
+ORDER BY e.id
+LIMIT :limit;
+
+-- last_event_id --
+SELECT coalesce(max(id), 0) FROM events;
+
+-- transitions_since --
+-- Transitions per minute since :since (throughput for the dashboard). Event ids grow with time,
+-- so only the newest :window ids are looked at: a bounded walk of the primary key.
+SELECT (ts_ms - :since) / 60000 AS minute, count(*)
+FROM events
+WHERE id > (SELECT coalesce(max(id), 0) FROM events) - :window
+    AND kind = 'transition' AND ts_ms >= :since
+GROUP BY 1
+ORDER BY 1;
+
+-- stage_board --
+-- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
+-- then claimable, oldest claimable created_at_ms, leased, waiting on a retry
+-- delay, blocked by dependencies, dead-lettered, cancelled), as columns. One walk of the stage's own
+-- tasks through its index: tasks that finished have left the stages with roles.
+SELECT
+    s.pipeline_id, s.stage, s.agent_role,
+    c.claimable, c.oldest, c.leased, c.delayed, c.blocked, c.dead, c.cancelled
+FROM pipeline_stages AS s
+CROSS JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND NOT x.blocked) AS claimable,
+        min(x.created_at_ms) FILTER (WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND NOT x.blocked) AS oldest,
+        count(*) FILTER (WHERE x.leased) AS leased,
+        count(*) FILTER (WHERE NOT x.dead AND NOT x.leased AND x.delayed) AS delayed,
+        count(*) FILTER (
+            WHERE NOT x.dead AND NOT x.leased AND NOT x.delayed AND x.blocked
+        ) AS blocked,
+        count(*) FILTER (WHERE x.dead AND NOT x.cancelled) AS dead,
+        count(*) FILTER (WHERE x.cancelled) AS cancelled
+    FROM (
+        SELECT
+            t.created_at_ms,
+            t.dead_letter_reason IS NOT NULL AS dead,
+            t.dead_letter_reason = 'cancelled' AS cancelled,  -- what a cancel writes
+            t.next_eligible_at_ms > :now AS delayed,
+            EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
+            EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)) AS blocked
+        FROM tasks AS t
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+    ) AS x
+) AS c
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.agent_role, s.pipeline_id, s.stage;
+
+-- event_kinds_since --
+-- How many run events of each kind came after :after_id, and the newest id (GET /metrics
+-- counts only what is new since its last scrape: a walk of the primary key from there).
+SELECT kind, count(*), max(id)
+FROM events
+WHERE id > :after_id
+GROUP BY kind;
+
+-- list_tasks_matching --
+-- GET /tasks?q=: tasks whose title or id holds :q (any case), with the other filters
+-- optional, in page order. A walk of idx_tasks_page that stops after :limit matches: a rare
+-- text walks far, so this is the dashboard's filter, not an agent's query.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM tasks AS t
+WHERE (t.created_at_ms, t.id) > (:after_created::bigint, :after_id::text)
+    AND (:stage::text IS NULL OR t.stage = :stage::text)
+    AND (:pipeline_id::text IS NULL OR t.pipeline_id = :pipeline_id::text)
+    AND (
+        :agent_role::text IS NULL OR EXISTS (
+            SELECT 1 FROM pipeline_stages AS s
+            WHERE s.pipeline_id = t.pipeline_id AND s.stage = t.stage
+                AND s.agent_role = :agent_role::text
+        )
+    )
+    AND (strpos(lower(t.title), lower(:q::text)) > 0 OR strpos(t.id, :q::text) > 0)
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit;
+
+-- list_task_runs --
+-- Every run of a task, oldest attempt first, after attempt :after: who claimed it, how it
+-- ended and the error it reported (the dashboard's run timeline).
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
+FROM runs
+WHERE task_id = :task_id AND attempt > :after
+ORDER BY attempt
+LIMIT :limit;
+
+-- retry_waiting --
+-- Tasks waiting on a retry delay (not dead-lettered, cancelled nor leased), soonest claimable
+-- first, with the latest failed or stale run: its attempt, error and end. Only the stages that
+-- name a role can hold such tasks, so this walks their tasks as stage_board does.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.next_eligible_at_ms,
+    r.attempt, r.status, r.error_text, r.ended_at_ms
+FROM pipeline_stages AS s
+JOIN tasks AS t ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+LEFT JOIN LATERAL (
+    SELECT f.attempt, f.status, f.error_text, f.ended_at_ms FROM runs AS f
+    WHERE f.task_id = t.id AND f.status IN ('failed', 'stale')
+    ORDER BY f.attempt DESC
+    LIMIT 1
+) AS r ON true
+WHERE s.agent_role IS NOT NULL
+    AND t.next_eligible_at_ms > :now
+    AND t.dead_letter_reason IS NULL
+    AND NOT EXISTS (SELECT 1 FROM runs AS l WHERE l.task_id = t.id AND l.status = 'running')
+ORDER BY t.next_eligible_at_ms, t.id
+LIMIT :limit;
+
+-- list_namespaces --
+-- The store's namespaces after :after, by name: how many keys each holds, when it last changed.
+SELECT namespace, count(*), max(updated_at_ms)
+FROM store
+WHERE namespace > :after
+GROUP BY namespace
+ORDER BY namespace
+LIMIT :limit;

@@ -26,6 +26,21 @@ STATEMENT_CACHE = 512
 TEST_POWERCUT_VFS = "NULLTICKETS_TEST_POWERCUT_VFS"
 
 
+# The compile options worth reporting (/health, the start line): what the build chose
+# (build/sqlite-options.txt), not the limits and defaults SQLite lists besides.
+REPORTED_OPTION_PREFIXES = ("ENABLE_", "OMIT_", "DQS=", "THREADSAFE=", "DEFAULT_MEMSTATUS=",
+                            "LIKE_DOESNT_MATCH_BLOBS")  # fmt: skip
+
+
+def sqlite_version() -> str:
+    return str(apsw.sqlite_lib_version())
+
+
+def sqlite_options() -> list[str]:
+    """The SQLite library's chosen compile options, sorted (e.g. "DQS=0", "ENABLE_FTS5")."""
+    return sorted(o for o in apsw.compile_options if o.startswith(REPORTED_OPTION_PREFIXES))
+
+
 def check_sqlite() -> None:
     """Refuse to run on an SQLite that lacks what the schema needs."""
     version = tuple(int(p) for p in apsw.sqlite_lib_version().split(".")[:3])

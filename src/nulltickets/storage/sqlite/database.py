@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -37,8 +38,9 @@ from typing import Any, TypeVar
 
 import apsw
 
+from nulltickets.domain.stats import BATCH_SIZES, CHECKPOINT_SECONDS, COMMIT_SECONDS, Histogram
 from nulltickets.errors import StorageBusy, StorageFull, StorageReadOnly, StorageUnavailable
-from nulltickets.storage.ports import Capabilities
+from nulltickets.storage.ports import Capabilities, StorageStats
 from nulltickets.storage.sqlite import connection, walsync
 from nulltickets.storage.sqlite.backend import SqliteBackend
 from nulltickets.storage.sqlite.notifier import LocalNotifier
@@ -111,6 +113,8 @@ class Checkpointer:
         self.frames = 0  # frames in the WAL after the last commit
         self.passes = 0
         self.finishes = 0
+        # Observed by this thread and by the writer's (`finish`): shared.
+        self.durations = Histogram(CHECKPOINT_SECONDS, shared=True)
         self._asked_at = 0
         self._failing = False
         self._wake = threading.Event()
@@ -149,7 +153,9 @@ class Checkpointer:
                     conn = connection.connect_writer(self.path, self.durability)
                     conn.set_busy_timeout(0)
                     conn.pragma("wal_autocheckpoint", 0)
+                started = time.perf_counter()
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.durations.observe(time.perf_counter() - started)
                 self.passes += 1
             except Exception as exc:  # disk full, I/O error: next time
                 self._failed(exc)
@@ -176,12 +182,14 @@ class Checkpointer:
             return
         try:
             # A pass of the thread in progress makes this return at once (busy); next time.
+            started = time.perf_counter()
             row = writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except apsw.Error as exc:
             self._failed(exc)
             return
         self._recovered()
         if row is not None and not row[0]:  # row: (busy, frames in the WAL, frames copied)
+            self.durations.observe(time.perf_counter() - started)
             self.finishes += 1
 
     def stop(self) -> None:
@@ -215,6 +223,9 @@ class Writer:
         self.checkpointer = Checkpointer(path, durability)
         self.batches = 0
         self.jobs = 0
+        # Observed under self._lock, but read by /metrics on the loop's thread: shared.
+        self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)
+        self.batch_sizes = Histogram(BATCH_SIZES, shared=True)
         # Durability `full` off the loop's thread (see the module's text): commits are numbered;
         # a batch waits in `_unsynced` with the number of the last commit it may depend on
         # until a WAL sync that began after that commit has completed (`_durable`).
@@ -519,6 +530,7 @@ class Writer:
                     return []
                 return [j for j, _ in ran] + todo[n + 1 :]
             ran.append((i, result))
+        started = time.perf_counter()
         try:
             conn.execute("COMMIT")
         except Exception as exc:
@@ -531,6 +543,8 @@ class Writer:
             return []
         for i, result in ran:
             outcomes[i] = (result, None)
+        self.commit_durations.observe(time.perf_counter() - started)
+        self.batch_sizes.observe(len(todo))
         self._committed += 1
         self.batches += 1
         self.jobs += len(todo)
@@ -616,6 +630,26 @@ class SqliteDatabase:
     def close(self) -> None:
         self.readers.close()
         self.writer.stop()
+
+    def stats(self) -> StorageStats:
+        writer = self.writer
+        figures: dict[str, float] = {
+            "writer_batches": writer.batches,
+            "writer_jobs": writer.jobs,
+            "wal_checkpoints": writer.checkpointer.passes,
+            "wal_checkpoints_forced": writer.checkpointer.finishes,
+        }
+        if self.path != ":memory:":
+            try:
+                figures["wal_bytes"] = os.path.getsize(self.path + "-wal")
+            except OSError:
+                figures["wal_bytes"] = 0
+        histograms = {
+            "commit_duration_seconds": writer.commit_durations,
+            "checkpoint_duration_seconds": writer.checkpointer.durations,
+            "writer_batch_size": writer.batch_sizes,
+        }
+        return StorageStats(figures, histograms)
 
     def schema_version(self) -> tuple[int, int]:
         conn = connection.connect_reader(self.path)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Wake
+
+# An after-commit callback, the loop it runs on (None: the committing thread) and what says
+# whether it is wanted at all.
+OnCommit = tuple[Callable[[], None], asyncio.AbstractEventLoop | None, Callable[[], bool] | None]
 
 
 class LocalNotifier:
@@ -23,6 +27,7 @@ class LocalNotifier:
         self._pending: list[tuple[str, int]] = []
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
         self._waiting = 0  # long-poll claims in progress
+        self._on_commit: list[OnCommit] = []
 
     @property
     def listening(self) -> bool:
@@ -34,12 +39,16 @@ class LocalNotifier:
         self._pending.append((role, at_ms))
 
     def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-        self._subscribers.append((callback, loop))
+        self._subscribers.append((callback, _loop_or_running(loop)))
+
+    def on_commit(
+        self,
+        callback: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        wanted: Callable[[], bool] | None = None,
+    ) -> None:
+        self._on_commit.append((callback, _loop_or_running(loop), wanted))
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -51,14 +60,23 @@ class LocalNotifier:
 
     def deliver(self) -> None:
         """After a commit, on the committing thread: hand the collected notifications over,
-        on each subscriber's loop (directly when that is the loop running here)."""
-        if not self._pending:
+        on each subscriber's loop (directly when that is the loop running here); then tell
+        the `on_commit` callbacks, every time."""
+        hooks = [(h, lp) for h, lp, wanted in self._on_commit if wanted is None or wanted()]
+        if not self._pending and not hooks:
             return
         pending, self._pending = self._pending, []
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
+        for hook, hook_loop in hooks:
+            if hook_loop is None or hook_loop is here:
+                hook()
+            elif not hook_loop.is_closed():
+                hook_loop.call_soon_threadsafe(hook)
+        if not pending:
+            return
         for callback, loop in self._subscribers:
             if loop is None or loop is here:
                 for role, at_ms in pending:
@@ -66,3 +84,12 @@ class LocalNotifier:
             elif not loop.is_closed():
                 for role, at_ms in pending:
                     loop.call_soon_threadsafe(callback, role, at_ms)
+
+
+def _loop_or_running(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop | None:
+    if loop is None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+    return loop

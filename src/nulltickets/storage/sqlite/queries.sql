@@ -655,3 +655,133 @@ FROM otlp_spans
 WHERE run_id = :run_id AND id > :after_id
 ORDER BY id
 LIMIT :limit;
+
+-- events_feed --
+-- Run events after :after_id across every run (the live stream reads this once per commit for
+-- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
+SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE e.id > :after_id AND (:task_id IS NULL OR r.task_id = :task_id)
+ORDER BY e.id
+LIMIT :limit;
+
+-- last_event_id --
+SELECT coalesce(max(id), 0) FROM events;
+
+-- transitions_since --
+-- Transitions per minute since :since (throughput for the dashboard). Event ids grow with time,
+-- so only the newest :window ids are looked at: a bounded walk of the primary key.
+SELECT (ts_ms - :since) / 60000 AS minute, count(*)
+FROM events
+WHERE id > (SELECT coalesce(max(id), 0) FROM events) - :window
+    AND kind = 'transition' AND ts_ms >= :since
+GROUP BY 1
+ORDER BY 1;
+
+-- stage_board --
+-- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
+-- then a JSON array [claimable, oldest claimable created_at_ms, leased, waiting on a retry
+-- delay, blocked by dependencies, dead-lettered, cancelled]). One walk of the stage's own
+-- tasks through its index: tasks that finished have left the stages with roles.
+SELECT
+    s.pipeline_id, s.stage, s.agent_role,
+    (
+        SELECT json_array(
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0), 0),
+            min(CASE WHEN x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0
+                THEN x.created_at_ms END),
+            coalesce(sum(x.leased), 0),
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 1), 0),
+            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 1), 0),
+            coalesce(sum(x.dead = 1 AND x.cancelled = 0), 0),
+            coalesce(sum(x.cancelled), 0)
+        )
+        FROM (
+            SELECT
+                t.created_at_ms,
+                t.dead_letter_reason IS NOT NULL AS dead,
+                t.cancelled_at_ms IS NOT NULL AS cancelled,
+                t.next_eligible_at_ms > :now AS delayed,
+                EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
+                EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0) AS blocked
+            FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+            WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+        ) AS x
+    ) AS board
+FROM pipeline_stages AS s
+WHERE s.agent_role IS NOT NULL
+ORDER BY s.agent_role, s.pipeline_id, s.stage;
+
+-- event_kinds_since --
+-- How many run events of each kind came after :after_id, and the newest id (GET /metrics
+-- counts only what is new since its last scrape: a walk of the primary key from there).
+SELECT kind, count(*), max(id)
+FROM events
+WHERE id > :after_id
+GROUP BY kind;
+
+-- list_tasks_matching --
+-- GET /tasks?q=: tasks whose title or id holds :q (ASCII letters in any case), with the other
+-- filters optional, in page order. A walk of the pages index that stops after :limit matches:
+-- a rare text walks far, so this is the dashboard's filter, not an agent's query.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms
+FROM tasks AS t INDEXED BY idx_tasks_page
+WHERE (t.created_at_ms, t.id) > (:after_created, :after_id)
+    AND (:stage IS NULL OR t.stage = :stage)
+    AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+    AND (
+        :agent_role IS NULL OR EXISTS (
+            SELECT 1 FROM pipeline_stages AS s
+            WHERE s.pipeline_id = t.pipeline_id AND s.stage = t.stage
+                AND s.agent_role = :agent_role
+        )
+    )
+    AND (instr(lower(t.title), lower(:q)) > 0 OR instr(t.id, :q) > 0)
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit;
+
+-- list_task_runs --
+-- Every run of a task, oldest attempt first, after attempt :after: who claimed it, how it
+-- ended and the error it reported (the dashboard's run timeline).
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
+FROM runs
+WHERE task_id = :task_id AND attempt > :after
+ORDER BY attempt
+LIMIT :limit;
+
+-- retry_waiting --
+-- Tasks waiting on a retry delay (not dead-lettered, cancelled nor leased), soonest claimable
+-- first, with the latest failed or stale run: its attempt, error and end. Only the stages that
+-- name a role can hold such tasks, so this walks their tasks as stage_board does.
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.next_eligible_at_ms,
+    r.attempt, r.status, r.error_text, r.ended_at_ms
+FROM pipeline_stages AS s
+CROSS JOIN tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+    ON t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+LEFT JOIN runs AS r ON r.id = (
+    SELECT f.id FROM runs AS f
+    WHERE f.task_id = t.id AND f.status IN ('failed', 'stale')
+    ORDER BY f.attempt DESC
+    LIMIT 1
+)
+WHERE s.agent_role IS NOT NULL
+    AND t.next_eligible_at_ms > :now
+    AND t.dead_letter_reason IS NULL
+    AND NOT EXISTS (SELECT 1 FROM runs AS l WHERE l.task_id = t.id AND l.status = 'running')
+ORDER BY t.next_eligible_at_ms, t.id
+LIMIT :limit;
+
+-- list_namespaces --
+-- The store's namespaces after :after, by name: how many keys each holds, when it last changed.
+SELECT namespace, count(*), max(updated_at_ms)
+FROM store
+WHERE namespace > :after
+GROUP BY namespace
+ORDER BY namespace
+LIMIT :limit;

@@ -1,0 +1,93 @@
+"""The HTTP agent cycle (claim -> event -> transition): one run against one or more servers on
+one database, and the median of several runs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import BenchServer, bulk_load, create_pipeline
+from benchmarks.load import ENDPOINTS, run_agents
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, Any]:
+    """Load `tasks` tasks through the first server, then let `agents` agents, split evenly
+    across the servers, work through them. Server CPU is the sum over the servers, peak memory
+    the largest of any."""
+    pipeline = create_pipeline(servers[0])
+    ids = bulk_load(servers[0], pipeline, tasks)
+    cpu0 = sum(s.cpu_s() for s in servers)
+    report, wall = run_agents([s.port for s in servers], agents, "worker", "complete", 4)
+    server_cpu = sum(s.cpu_s() for s in servers) - cpu0
+    peak = max(s.peak_rss_mb() for s in servers)
+    completed = report.completed
+    requests = sum(len(report.latencies[e]) for e in ENDPOINTS)
+    cpus = os.cpu_count() or 1
+    client_cores = report.cpu_s / wall
+    return {
+        "agents": agents,
+        "servers": len(servers),
+        "tasks": tasks,
+        "seconds": round(wall, 3),
+        "cycles_per_s": round(len(completed) / wall, 1),
+        "requests_per_s": round(requests / wall, 1),
+        "latency_ms": {
+            e: {
+                q: round(pct(report.latencies[e], v), 3)
+                for q, v in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+            }
+            for e in ENDPOINTS
+        },
+        "completed_exactly_once": sorted(completed) == sorted(ids),
+        "errors": report.errors,
+        "server_cpu_cores": round(server_cpu / wall, 2),
+        "client_cpu_cores": round(client_cores, 2),
+        "client_bound": client_cores > 0.5 * cpus,
+        "server_peak_rss_mb": round(peak, 1),
+    }
+
+
+def cycle(
+    workdir: Path,
+    agents: int,
+    tasks: int,
+    durability: str,
+    *,
+    env: dict[str, str] | None = None,
+    cmd: list[str] | None = None,
+) -> dict[str, Any]:
+    """One run on a new SQLite file and a fresh server (`env` and `cmd` as for BenchServer)."""
+    db = workdir / f"cycle-{agents}-{durability}-{uuid.uuid4().hex[:8]}.db"
+    with BenchServer(db, durability=durability, env=env, cmd=cmd) as server:
+        result = measure([server], agents, tasks)
+    return {"engine": "sqlite", "durability": durability, **result}
+
+
+def cycle_rounds(
+    workdir: Path, agents: int, tasks: int, durability: str, rounds: int
+) -> dict[str, Any]:
+    """`rounds` runs of the cycle, each on a fresh server and database. The figures are those
+    of the median run (by cycles/s): a shared machine's speed drifts by several percent from
+    one run to the next. Every run's cycles/s is kept, and every run must complete each task
+    exactly once."""
+    return median_run([cycle(workdir, agents, tasks, durability) for _ in range(rounds)])
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median cycles/s, carrying every run's cycles/s, whether all of them
+    completed each task exactly once, and the highest peak memory of any."""
+    ordered = sorted(runs, key=lambda r: r["cycles_per_s"])
+    result = dict(ordered[(len(ordered) - 1) // 2])  # the lower median when even
+    result["rounds_cycles_per_s"] = [r["cycles_per_s"] for r in runs]
+    result["completed_exactly_once"] = all(r["completed_exactly_once"] for r in runs)
+    result["server_peak_rss_mb"] = max(r["server_peak_rss_mb"] for r in runs)
+    return result

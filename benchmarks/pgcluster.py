@@ -1,0 +1,235 @@
+"""A throwaway PostgreSQL cluster, started and stopped by its caller: the benchmarks' postgres
+section and the tests' session server (tests/pgserver.py) are both this one.
+
+It runs from the distribution's packages (scripts/postgres.sh install; `make test` and
+`make bench` do that) in a temporary data directory, listening on a free port of 127.0.0.1
+and on a unix socket in that directory, with fsync on, and is stopped (fast shutdown) and
+removed at the end. initdb refuses to run as root, so as root the cluster belongs to the
+`postgres` user the package creates. When PostgreSQL cannot be found or started,
+PostgresUnavailable says why in one line and the caller reports that line (the tests fail
+with it, the benchmark prints it in its rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 60.0
+
+
+class PostgresUnavailable(Exception):
+    pass
+
+
+def find_bindir() -> Path:
+    """The folder of pg_ctl and initdb: $NULLTICKETS_PG_BINDIR, else the newest
+    /usr/lib/postgresql/*/bin (Debian, Ubuntu), else $PGBIN, a Homebrew postgresql@N or
+    wherever pg_ctl is on PATH."""
+    forced = os.environ.get("NULLTICKETS_PG_BINDIR")
+    candidates = [Path(forced)] if forced else []
+
+    def newest_first(pattern: str) -> list[Path]:
+        def version(path: Path) -> int:
+            digits = "".join(c for c in path.parent.name if c.isdigit())
+            return int(digits) if digits else 0
+
+        return sorted((Path(p) for p in glob.glob(pattern)), key=version, reverse=True)
+
+    candidates += newest_first("/usr/lib/postgresql/*/bin")
+    if os.environ.get("PGBIN"):
+        candidates.append(Path(os.environ["PGBIN"]))
+    candidates += newest_first("/opt/homebrew/opt/postgresql@*/bin")
+    candidates += newest_first("/usr/local/opt/postgresql@*/bin")
+    on_path = shutil.which("pg_ctl")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    exe = ".exe" if os.name == "nt" else ""
+    for folder in candidates:
+        if (folder / f"pg_ctl{exe}").exists() and (folder / f"initdb{exe}").exists():
+            return folder
+    raise PostgresUnavailable(
+        "no PostgreSQL server found (no pg_ctl/initdb in /usr/lib/postgresql/*/bin or on PATH): "
+        "run `bash scripts/postgres.sh install` (make test does)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster; `dsn(name)` addresses one of its databases."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="nulltickets-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = 0
+        self._as: dict[str, Any] = {}
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            import pwd
+
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise PostgresUnavailable(
+                    "running as root, and there is no `postgres` user to own the test cluster"
+                ) from None
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+            self._as = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
+
+    def _run(self, *args: str, timeout: float = START_TIMEOUT_S) -> None:
+        try:
+            done = subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                cwd=self.root,
+                **self._as,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PostgresUnavailable(f"{Path(args[0]).name} failed: {exc}") from None
+        if done.returncode != 0:
+            detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            tail = detail[-1] if detail else f"exit status {done.returncode}"
+            raise PostgresUnavailable(f"{Path(args[0]).name} failed: {tail}")
+
+    def start(self) -> PostgresServer:
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D", str(self.data),
+            "-U", "postgres",
+            "-A", "trust",
+            "-E", "UTF8",
+            "--no-locale",
+            "--no-sync",  # the fresh cluster's own files; the server itself runs with fsync on
+        )  # fmt: skip
+        for attempt in range(3):  # a free port can be taken between choosing and binding it
+            self.port = free_port()
+            try:
+                self._pg_ctl_start()
+                break
+            except PostgresUnavailable:
+                if attempt == 2:
+                    raise PostgresUnavailable(
+                        f"PostgreSQL did not start: {self.last_log_line()}"
+                    ) from None
+        self.wait_until_ready()
+        return self
+
+    def last_log_line(self) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no server log"
+        return lines[-1] if lines else "empty server log"
+
+    def wait_until_ready(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                psycopg.connect(self.dsn("postgres"), connect_timeout=5).close()
+                return
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise PostgresUnavailable(
+                        f"PostgreSQL does not accept connections: {exc}"
+                    ) from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend of the cluster: a crash, not a shutdown
+        (the next start recovers from the WAL)."""
+        import signal
+
+        pid_file = self.data / "postmaster.pid"
+        try:
+            postmaster = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        found = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        for pid in [postmaster, *map(int, found)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                os.kill(postmaster, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+
+    def restart(self) -> None:
+        """Start the cluster again on its data directory and port (after `kill`)."""
+        self._pg_ctl_start()
+        self.wait_until_ready()
+
+    def _pg_ctl_start(self) -> None:
+        options = " ".join(
+            [
+                "-c listen_addresses=127.0.0.1",
+                f"-c port={self.port}",
+                # Windows: TCP only.
+                f"-c unix_socket_directories={self.root if os.name != 'nt' else ''}",
+                "-c fsync=on",
+                "-c synchronous_commit=on",
+                "-c max_connections=100",
+            ]
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D", str(self.data),
+            "-l", str(self.log),
+            "-o", options,
+            "-w", "-t", str(int(START_TIMEOUT_S)),
+            "start",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def dsn(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def admin(self) -> Any:
+        """An autocommit connection to the maintenance database."""
+        import psycopg
+
+        return psycopg.connect(self.dsn("postgres"), autocommit=True)
+
+    def create_database(self) -> str:
+        """A new, empty database; returns its name."""
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        with self.admin() as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        return name
+
+
+def start_postgres() -> PostgresServer:
+    server = PostgresServer(find_bindir())
+    try:
+        return server.start()
+    except BaseException:
+        server.stop()
+        raise

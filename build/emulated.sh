@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# A Linux release binary for another architecture, built and tested under QEMU user emulation:
+#
+#   bash build/emulated.sh ARCH [--rootfs-only | --e2e-only]      ARCH = aarch64 | riscv64
+#
+# 1. rootfs:   a Debian (trixie) root filesystem for ARCH, made by debootstrap from the
+#              distribution's packages (--foreign, then the second stage under qemu-user-static
+#              through binfmt_misc), cached in $NULLTICKETS_EMULATED_DIR/ARCH and reused later;
+# 2. packages: the build's tools from Debian inside it (Python 3.13, a C compiler, patchelf; on
+#              riscv64 also rustc/cargo for granian and autotools for uvloop, which have no wheels);
+# 3. source:   the repository's files (tracked and new, not ignored ones) copied into it (the
+#              release venv from an earlier run kept: its apsw is reused when it verifies);
+# 4. release:  build/release.sh, the very script every release job runs (apsw from its sdist
+#              against vendor/sqlite, Nuitka onefile, build/smoke.py);
+# 5. e2e:      the agent-contract e2e tests (AGENT_CONTRACT_TESTS below) against that binary;
+# 6. output:   dist/nulltickets-linux-ARCH.bin (+ .build.json) copied back, checked with `file`.
+#
+# --rootfs-only stops after step 2; --e2e-only runs steps 5 and 6 again on the last build, with
+# the repository's tests/ copied in afresh.
+#
+# Every step prints its name and its elapsed seconds ("== step NAME: N s"), and everything goes
+# to $NULLTICKETS_EMULATED_DIR/ARCH.log as well. Needs root (debootstrap, chroot, mounts) and
+# apt-get; installs debootstrap, qemu-user-static and binfmt-support on the host when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+arch=${1:?usage: build/emulated.sh aarch64|riscv64 [--rootfs-only|--e2e-only]}
+mode=${2:-}
+case $arch in
+    aarch64) deb_arch=arm64 ;;
+    riscv64) deb_arch=riscv64 ;;
+    *) echo "usage: build/emulated.sh aarch64|riscv64" >&2; exit 2 ;;
+esac
+suite=${NULLTICKETS_EMULATED_SUITE:-trixie}
+mirror=${NULLTICKETS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+work=${NULLTICKETS_EMULATED_DIR:-/var/tmp/nulltickets-emulated}
+root=$work/$arch
+log=$work/$arch.log
+mkdir -p "$work"
+exec > >(tee -a "$log") 2>&1
+
+# The e2e suite's agent-contract tests: what nullhub and agents depend on. test_nullhub.py is
+# the nullhub contract (manifest, health, discovery, the calls nullhub makes); test_claims.py
+# and test_runs.py are the claim -> run -> transition/fail loop every agent runs, leases and
+# idempotency included; test_sqlite_report.py checks the binary reports vendor/sqlite. The rest of tests/e2e (long polls, slow clients, concurrency, traces)
+# is run against the native binary by `make test-binary`; under emulation it would take hours
+# and time out on nothing but the emulator's speed.
+AGENT_CONTRACT_TESTS="tests/e2e/test_nullhub.py tests/e2e/test_claims.py tests/e2e/test_runs.py"
+AGENT_CONTRACT_TESTS+=" tests/e2e/test_sqlite_report.py"
+
+# ccache: Nuitka compiles through it when it is on PATH; the cache stays in the root filesystem,
+# so a later build recompiles only the modules whose C changed.
+packages="python3 python3-venv python3-dev build-essential patchelf file ca-certificates ccache"
+if [ "$arch" = riscv64 ]; then
+    # granian, uvloop, zstandard and msgspec have no riscv64 wheels: cargo for granian,
+    # autotools for uvloop's bundled libuv.
+    packages+=" rustc cargo autoconf automake libtool pkg-config"
+fi
+
+script_started=$(date +%s)
+step() {
+    local name=$1 started
+    shift
+    started=$(date +%s)
+    echo "== step $name: started $(date -u +%H:%M:%S)"
+    "$@"
+    echo "== step $name: $(($(date +%s) - started)) s"
+}
+
+mounted=()
+cleanup() {
+    local m
+    for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+        m=${mounted[i]}
+        umount -l "$m" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+mount_into() { # SOURCE TARGET [mount args...]
+    local target=$root$2
+    mkdir -p "$target"
+    mountpoint -q "$target" && umount -l "$target"
+    mount "${@:3}" "$1" "$target"
+    mounted+=("$target")
+}
+
+host_tools() {
+    # debian-archive-keyring: debootstrap checks the Release signature with it (an Ubuntu
+    # host, such as the release job's runner, lacks it by default).
+    if ! command -v debootstrap >/dev/null || ! [ -e /usr/bin/qemu-$arch-static ] \
+        || ! command -v update-binfmts >/dev/null \
+        || ! [ -e /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            debootstrap qemu-user-static binfmt-support debian-archive-keyring
+    fi
+    if ! mountpoint -q /proc/sys/fs/binfmt_misc; then
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    fi
+    update-binfmts --enable "qemu-$arch" 2>/dev/null || true
+    grep -q '^enabled' "/proc/sys/fs/binfmt_misc/qemu-$arch" \
+        || { echo "binfmt_misc has no enabled qemu-$arch entry" >&2; exit 1; }
+    qemu-$arch-static --version | head -1
+}
+
+rootfs() {
+    if [ -e "$root/.nulltickets-rootfs-done" ]; then
+        echo "reusing $root ($(cat "$root/.nulltickets-rootfs-done"))"
+        return
+    fi
+    rm -rf "$root"
+    mkdir -p "$root"
+    debootstrap --foreign --arch="$deb_arch" --variant=minbase \
+        --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+        --include=ca-certificates "$suite" "$root" "$mirror"
+    # The second stage runs the target's own binaries: qemu-user-static through binfmt_misc.
+    chroot "$root" /debootstrap/debootstrap --second-stage
+    echo "$suite $deb_arch $(date -u +%FT%TZ)" > "$root/.nulltickets-rootfs-done"
+}
+
+# The host's trusted certificates go along (a host whose HTTPS passes through an inspecting
+# proxy trusts its certificate there, and pip and urllib inside must too); where there is none,
+# the root filesystem's own ca-certificates bundle.
+host_ca=/etc/ssl/certs/ca-certificates.crt
+ca=/etc/ssl/certs/ca-certificates.crt
+enter() { # run a command inside the root filesystem with a clean environment
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+        LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive \
+        SSL_CERT_FILE="$ca" PIP_CERT="$ca" REQUESTS_CA_BUNDLE="$ca" "${@:2}" \
+        chroot "$root" bash -euo pipefail -c "$1"
+}
+
+mounts() {
+    cp /etc/resolv.conf "$root/etc/resolv.conf"
+    if [ -f "$host_ca" ]; then
+        cp "$host_ca" "$root/etc/ssl/host-ca-certificates.crt"
+        ca=/etc/ssl/host-ca-certificates.crt
+    fi
+    mount_into /proc /proc -t proc
+    mount_into /sys /sys --rbind
+    mount_into /dev /dev --rbind
+    mount_into tmpfs /dev/shm -t tmpfs
+    mount_into tmpfs /tmp -t tmpfs
+}
+
+packages() {
+    enter "apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages \
+        && python3 --version && { cargo --version 2>/dev/null || true; }"
+}
+
+copy_source() {
+    # The release venv stays: its apsw, built from the sdist under emulation in hours, is
+    # reused when it still verifies as ours (build/build_apsw.py); everything else is fresh.
+    mkdir -p "$root/src"
+    find "$root/src" -mindepth 1 -maxdepth 1 ! -name .venv-release -exec rm -rf {} +
+    git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard \
+        | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
+    git -c safe.directory="$repo" -C "$repo" log -1 --format='source: %h %s' || true
+    if [ -n "$(git -c safe.directory="$repo" -C "$repo" status --porcelain)" ]; then
+        echo "source: with uncommitted changes"
+    fi
+}
+
+tests_only() {
+    [ -x "$root/src/dist/nulltickets-linux-$arch.bin" ] \
+        || { echo "no build in $root/src: run build/emulated.sh $arch first" >&2; exit 1; }
+    rm -rf "$root/src/tests"
+    git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard tests \
+        | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$root/src"
+    git -c safe.directory="$repo" -C "$repo" log -1 --format='tests: %h %s' || true
+}
+
+release() {
+    local from_source=""
+    [ "$arch" = riscv64 ] && from_source="granian uvloop zstandard"
+    # Emulated start-up is slow (every instruction is translated): the smoke test waits longer.
+    # No LTO: gcc's link-time pass over the whole program, emulated, outlasts the compilation
+    # itself (measured: still linking after the 150 modules had compiled in 23 minutes).
+    enter "cd /src && bash build/release.sh python3" \
+        NULLTICKETS_FROM_SOURCE="$from_source" \
+        NULLTICKETS_SMOKE_ARGS="--timeout 600" \
+        NULLTICKETS_BUILD_ARGS="${NULLTICKETS_BUILD_ARGS:---lto=no}"
+}
+
+e2e() {
+    # pytest into the release venv (which has the package: the tests import it to compute
+    # expectations); every request goes to the binary.
+    enter "cd /src && .venv-release/bin/python -m pip install --quiet pytest==9.2.0 \
+        pytest-timeout==2.4.0 && export XDG_CACHE_HOME=/src/dist/onefile-cache \
+        NULLTICKETS_BINARY=/src/dist/nulltickets-linux-$arch.bin \
+        NULLTICKETS_TEST_TIME_SCALE=20 && \
+        .venv-release/bin/python -m pytest -p no:cacheprovider --timeout 3600 \
+        $AGENT_CONTRACT_TESTS ${NULLTICKETS_E2E_ARGS:-}"
+}
+
+output() {
+    mkdir -p "$repo/dist"
+    cp "$root/src/dist/nulltickets-linux-$arch.bin" "$root/src/dist/nulltickets-linux-$arch.bin.build.json" \
+        "$repo/dist/"
+    file "$repo/dist/nulltickets-linux-$arch.bin"
+    local want
+    case $arch in
+        aarch64) want="ARM aarch64" ;;
+        riscv64) want="RISC-V" ;;
+    esac
+    file "$repo/dist/nulltickets-linux-$arch.bin" | grep -q "ELF 64-bit.*$want" \
+        || { echo "dist/nulltickets-linux-$arch.bin is not a $arch ELF" >&2; exit 1; }
+    ls -l "$repo/dist/nulltickets-linux-$arch.bin"
+}
+
+echo "== build/emulated.sh $arch ($suite, $deb_arch) at $(date -u +%FT%TZ) in $root"
+step host-tools host_tools
+step rootfs rootfs
+step mounts mounts
+step packages packages
+if [ "$mode" = --rootfs-only ]; then
+    echo "== done (rootfs only): $(($(date +%s) - script_started)) s"
+    exit 0
+fi
+if [ "$mode" = --e2e-only ]; then
+    step tests tests_only
+    step e2e e2e
+    step output output
+    echo "== done (e2e only): $(($(date +%s) - script_started)) s"
+    exit 0
+fi
+step source copy_source
+step release release
+step e2e e2e
+step output output
+echo "== done: $(($(date +%s) - script_started)) s"

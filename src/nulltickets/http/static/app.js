@@ -1,0 +1,481 @@
+// The nulltickets dashboard: plain ES module, no build step. Every figure comes from the API
+// (same origin, the session cookie when the server has an admin token); pages redraw when
+// GET /events/stream reports something.
+
+const main = document.getElementById("main");
+const liveBadge = document.getElementById("live");
+const path = location.pathname.replace(/\/+$/, "");
+const parts = path.split("/").filter(Boolean).slice(1); // after "ui"
+const page = parts[0] || "overview";
+
+for (const a of document.querySelectorAll("header nav a")) {
+  if (a.dataset.page === page || (page === "task" && a.dataset.page === "tasks")) a.classList.add("active");
+}
+
+// --- helpers -------------------------------------------------------------------------------
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+function s(tag, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+function csrf() {
+  const m = document.cookie.match(/(?:^|;\s*)nt_csrf=([^;]+)/);
+  return m ? m[1] : "";
+}
+
+class Refused extends Error {}
+
+async function api(method, url, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (method !== "GET") {
+    init.headers["X-CSRF-Token"] = csrf();
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+  }
+  const r = await fetch(url, init);
+  if (r.status === 401) {
+    location.href = "/ui/login?next=" + encodeURIComponent(location.pathname + location.search);
+    throw new Refused("unauthorized");
+  }
+  if (r.status === 204) return null;
+  const data = await r.json();
+  if (!r.ok) throw new Error(data.error ? `${data.error.code}: ${data.error.message}` : r.statusText);
+  return data;
+}
+
+const get = (url) => api("GET", url);
+
+function ago(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const s = Math.round(ms / 1000);
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+const when = (ms) => (ms ? new Date(ms).toLocaleString() : "–");
+const short = (id) => (id ? id.slice(-8) : "");
+const taskLink = (id, text) => h("a", { href: `/ui/task/${encodeURIComponent(id)}` }, text || short(id));
+
+function setMain(...nodes) {
+  main.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined));
+  main.dataset.ready = String(Date.now());
+}
+
+function showError(err) {
+  if (err instanceof Refused) return;
+  main.prepend(h("p", { class: "error", role: "alert" }, String(err.message || err)));
+}
+
+// --- live updates --------------------------------------------------------------------------
+
+let redrawing = false;
+let again = false;
+async function redraw(draw) {
+  if (redrawing) { again = true; return; }
+  redrawing = true;
+  try { await draw(); } catch (err) { showError(err); }
+  redrawing = false;
+  if (again) { again = false; redraw(draw); }
+}
+
+function live(query, onEvent) {
+  const url = "/events/stream" + (query ? "?" + new URLSearchParams(query) : "");
+  const source = new EventSource(url, { withCredentials: true });
+  source.onopen = () => { liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
+  source.onerror = () => { liveBadge.textContent = "○ reconnecting"; liveBadge.classList.remove("on"); };
+  source.onmessage = (m) => onEvent(JSON.parse(m.data));
+  // Close the stream when the page goes away: a browser holds few connections per server,
+  // and a stream it kept open for a page left behind would hold one of them.
+  addEventListener("pagehide", () => source.close());
+  return source;
+}
+
+// A redraw on every event would be wasteful under load: at most one per 300 ms.
+function throttled(fn, ms = 300) {
+  let timer = null;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => { timer = null; fn(); }, ms);
+  };
+}
+
+// --- overview ------------------------------------------------------------------------------
+
+function chart(perMinute) {
+  const w = 600, hgt = 120, pad = 20;
+  const max = Math.max(1, ...perMinute);
+  const bw = (w - pad * 2) / perMinute.length;
+  const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, role: "img", "aria-label": "transitions per minute, last hour", id: "throughput" });
+  perMinute.forEach((n, i) => {
+    const bh = ((hgt - pad * 2) * n) / max;
+    const bar = s("rect", { class: "bar", x: pad + i * bw + 1, y: hgt - pad - bh, width: Math.max(1, bw - 2), height: bh });
+    bar.append(s("title", {}, `${60 - i} min ago: ${n}`));
+    svg.append(bar);
+  });
+  svg.append(s("line", { x1: pad, x2: w - pad, y1: hgt - pad, y2: hgt - pad, stroke: "#9aa3b5" }));
+  svg.append(s("text", { x: pad, y: hgt - 4 }, "60 min ago"), s("text", { x: w - pad - 24, y: hgt - 4 }, "now"));
+  svg.append(s("text", { x: pad, y: 12 }, `max ${max}/min`));
+  return svg;
+}
+
+async function overview() {
+  const [stages, queue, health] = await Promise.all([get("/ops/stages"), get("/ops/queue"), get("/health")]);
+  const sum = (k) => stages.stages.reduce((a, r) => a + r[k], 0);
+  const cards = h("div", { class: "cards" },
+    ["claimable", "leased", "waiting_retry", "blocked", "dead_lettered", "cancelled"].map((k) =>
+      h("div", { class: "card", id: `total-${k}` }, h("div", { class: "n" }, sum(k)), h("div", { class: "l" }, k.replace("_", " ")))),
+    h("div", { class: "card" }, h("div", { class: "n" }, health.active_leases ?? "–"), h("div", { class: "l" }, "live leases")));
+  const rows = stages.stages.map((r) => h("tr", { "data-role": r.role, "data-stage": r.stage },
+    h("td", {}, r.role), h("td", {}, h("a", { href: `/ui/tasks?pipeline_id=${r.pipeline_id}&stage=${encodeURIComponent(r.stage)}` }, r.stage)),
+    h("td", {}, h("code", {}, short(r.pipeline_id))),
+    ...["claimable", "leased", "waiting_retry", "blocked", "dead_lettered"].map((k) => h("td", { class: `num c-${k}` }, r[k])),
+    h("td", { class: "num" }, ago(r.oldest_claimable_age_ms))));
+  const roles = queue.roles.map((q) => h("tr", {},
+    h("td", {}, q.role), h("td", { class: "num" }, q.claimable_count), h("td", { class: "num" }, ago(q.oldest_claimable_age_ms)),
+    h("td", { class: "num" }, q.near_expiry_leases), h("td", { class: "num" }, q.stuck_count), h("td", { class: "num" }, q.failed_count)));
+  setMain(
+    h("h1", {}, "Overview"),
+    cards,
+    h("h2", {}, "Queue by role and stage"),
+    h("table", { id: "stages" },
+      h("thead", {}, h("tr", {}, ["role", "stage", "pipeline"].map((t) => h("th", {}, t)),
+        ["claimable", "leased", "waiting retry", "blocked", "dead-lettered", "oldest claimable"].map((t) => h("th", { class: "num" }, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No stage has a role yet.")))),
+    h("h2", {}, "Per role"),
+    h("table", { id: "roles" },
+      h("thead", {}, h("tr", {}, h("th", {}, "role"), ["claimable", "oldest", "near-expiry leases", "stuck runs", "failed runs"].map((t) => h("th", { class: "num" }, t)))),
+      h("tbody", {}, roles)),
+    h("h2", {}, "Throughput: transitions per minute, last hour"),
+    chart(stages.transitions_per_minute),
+  );
+}
+
+// --- tasks ---------------------------------------------------------------------------------
+
+function state(t) {
+  if (t.cancelled_at_ms) return h("span", { class: "pill dead" }, "cancelled");
+  if (t.dead_letter_reason) return h("span", { class: "pill dead" }, "dead-lettered");
+  if (t.latest_run && t.latest_run.status === "running") return h("span", { class: "pill leased" }, "leased");
+  return null;
+}
+
+async function tasks() {
+  const q = new URLSearchParams(location.search);
+  const params = new URLSearchParams();
+  for (const k of ["pipeline_id", "stage", "role", "q", "cursor"]) if (q.get(k)) params.set(k, q.get(k));
+  params.set("limit", q.get("limit") || "50");
+  const [pageData, pipelines] = await Promise.all([get("/tasks?" + params), get("/pipelines")]);
+  const items = pageData.items;
+  const names = Object.fromEntries(pipelines.map((p) => [p.id, p.name]));
+  const field = (name, label, opts) => opts
+    ? h("select", { name }, h("option", { value: "" }, label), opts.map(([v, t]) => h("option", { value: v, selected: q.get(name) === v }, t)))
+    : h("input", { name, placeholder: label, value: q.get(name) || "" });
+  const next = new URLSearchParams(q);
+  if (pageData.next_cursor) next.set("cursor", pageData.next_cursor);
+  const first = new URLSearchParams(q);
+  first.delete("cursor");
+  setMain(
+    h("h1", {}, "Tasks"),
+    h("form", { class: "filters", method: "get", action: "/ui/tasks" },
+      field("pipeline_id", "any pipeline", pipelines.map((p) => [p.id, p.name])),
+      field("stage", "stage"), field("role", "role"), field("q", "title or id contains"),
+      q.get("limit") ? h("input", { type: "hidden", name: "limit", value: q.get("limit") }) : null,
+      h("button", { type: "submit" }, "Filter")),
+    h("table", { id: "task-list" },
+      h("thead", {}, h("tr", {}, ["task", "title", "pipeline", "stage", "priority", "created"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, items.map((t) => h("tr", { "data-task": t.id, "data-stage": t.stage },
+        h("td", {}, taskLink(t.id)), h("td", {}, t.title), h("td", {}, names[t.pipeline_id] || short(t.pipeline_id)),
+        h("td", { class: "stage" }, t.stage, " ", state(t)), h("td", { class: "num" }, t.priority), h("td", {}, when(t.created_at_ms)))))),
+    h("div", { class: "pager" },
+      q.get("cursor") ? h("a", { href: "/ui/tasks?" + first }, "« first page") : null,
+      pageData.next_cursor ? h("a", { href: "/ui/tasks?" + next, id: "next-page" }, "next page »") : h("span", { class: "muted" }, "last page")),
+  );
+}
+
+// --- one task ------------------------------------------------------------------------------
+
+function machine(definition, current) {
+  // Stages in breadth-first order from the initial one, laid out left to right in layers.
+  const depth = { [definition.initial]: 0 };
+  const queue = [definition.initial];
+  while (queue.length) {
+    const from = queue.shift();
+    for (const t of definition.transitions) if (t.from === from && !(t.to in depth)) { depth[t.to] = depth[from] + 1; queue.push(t.to); }
+  }
+  for (const name of Object.keys(definition.states)) if (!(name in depth)) depth[name] = Math.max(0, ...Object.values(depth)) + 1;
+  const layers = {};
+  for (const [name, d] of Object.entries(depth)) (layers[d] ||= []).push(name);
+  const bw = 120, bh = 34, gx = 60, gy = 24;
+  const pos = {};
+  let height = 0;
+  for (const [d, names] of Object.entries(layers)) {
+    names.forEach((n, i) => { pos[n] = { x: 10 + d * (bw + gx), y: 10 + i * (bh + gy) }; });
+    height = Math.max(height, names.length * (bh + gy));
+  }
+  const width = 20 + (Object.keys(layers).length) * (bw + gx);
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height + 20}`, width: Math.min(width, 1100), id: "machine", role: "img", "aria-label": "the pipeline's state machine" },
+    s("defs", {}, s("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      s("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#9aa3b5" }))));
+  for (const t of definition.transitions) {
+    const a = pos[t.from], b = pos[t.to];
+    if (!a || !b) continue;
+    const back = b.x <= a.x;
+    const x1 = back ? a.x + bw / 2 : a.x + bw, y1 = back ? a.y + bh : a.y + bh / 2;
+    const x2 = back ? b.x + bw / 2 : b.x, y2 = back ? b.y + bh : b.y + bh / 2;
+    const mx = (x1 + x2) / 2, my = back ? Math.max(y1, y2) + 22 : (y1 + y2) / 2;
+    svg.append(s("path", { class: "edge", d: `M ${x1} ${y1} Q ${mx} ${my} ${x2} ${y2}` }));
+    svg.append(s("text", { x: mx - 18, y: back ? my + 10 : my - 4 }, t.trigger));
+  }
+  for (const [name, p] of Object.entries(pos)) {
+    const st = definition.states[name] || {};
+    const cls = ["node", name === current ? "current" : "", st.terminal ? "terminal" : ""].join(" ");
+    svg.append(s("g", { class: cls, "data-stage": name },
+      s("rect", { x: p.x, y: p.y, width: bw, height: bh, rx: 6 }),
+      s("text", { x: p.x + 8, y: p.y + 14 }, name),
+      s("text", { x: p.x + 8, y: p.y + 27, fill: "#6b7385" }, st.agent_role ? `role ${st.agent_role}` : st.terminal ? "terminal" : "")));
+  }
+  return svg;
+}
+
+function describe(ev) {
+  const d = ev.data || {};
+  switch (ev.kind) {
+    case "transition": return `transitioned ${d.from_stage || d.from || ""} → ${d.to_stage || d.to || ""} (${d.trigger || ""})`;
+    case "checkpoint": return "checkpoint written: " + JSON.stringify(d);
+    case "released": return "released: " + (d.reason || "");
+    case "lease_expired": return "lease expired";
+    case "dead_letter": return "dead-lettered: " + (d.reason || JSON.stringify(d));
+    case "retry_scheduled": return "failed; retry scheduled " + (d.next_eligible_at_ms ? "for " + when(d.next_eligible_at_ms) : "");
+    case "cancelled": return "cancelled: " + (d.reason || "");
+    default: return `${ev.kind}: ${JSON.stringify(d)}`;
+  }
+}
+
+const events = new Map(); // run id -> events, for the task page
+
+function timeline(task, allRuns) {
+  // Every run (GET /tasks/{id}/runs), oldest first; a run the stream reported since is added.
+  const runs = new Map();
+  for (const r of allRuns) runs.set(r.id, r);
+  if (task.latest_run && !runs.has(task.latest_run.id)) runs.set(task.latest_run.id, task.latest_run);
+  for (const id of events.keys()) if (!runs.has(id)) runs.set(id, { id, status: "" });
+  const order = [...runs.values()].sort((a, b) => (a.attempt || 0) - (b.attempt || 0));
+  if (!order.length) return h("p", { class: "muted" }, "Never claimed yet.");
+  return order.map((run) => h("div", { class: "run", "data-run": run.id },
+    h("h3", {}, `Run ${run.attempt ?? ""} `, h("code", {}, short(run.id)), " ", h("span", { class: "pill" }, run.status || ""),
+      " ", h("span", { class: "agent", title: run.agent_role ? `agent (role ${run.agent_role})` : "agent" }, run.agent_id || "?")),
+    h("ul", { class: "timeline" },
+      run.started_at_ms ? h("li", { class: "k-claimed" }, `${when(run.started_at_ms)} claimed by ${run.agent_id || "?"} (${run.agent_role || ""})`) : null,
+      (events.get(run.id) || []).map((ev) => h("li", { class: `k-${ev.kind}`, "data-kind": ev.kind }, `${when(ev.ts_ms)} ${describe(ev)}`)),
+      run.ended_at_ms ? h("li", { class: `k-${run.status}` }, `${when(run.ended_at_ms)} ${run.status}${run.error ? ": " + run.error : ""}`) : null)));
+}
+
+function verbButtons(task, after) {
+  const act = async (verb) => {
+    try {
+      await api("POST", `/tasks/${encodeURIComponent(task.id)}/${verb}`, {});
+      await after();
+    } catch (err) { showError(err); }
+  };
+  return h("span", { class: "verbs" },
+    h("button", { class: "secondary requeue", type: "button", "data-task": task.id, onclick: () => act("requeue") }, "Requeue"), " ",
+    h("button", { class: "danger cancel", type: "button", "data-task": task.id, onclick: () => act("cancel") }, "Cancel"));
+}
+
+async function taskPage(id) {
+  const [task, ops, artifacts, runs] = await Promise.all([
+    get(`/tasks/${encodeURIComponent(id)}`),
+    get(`/tasks/${encodeURIComponent(id)}/events`),
+    get(`/artifacts?task_id=${encodeURIComponent(id)}`),
+    get(`/tasks/${encodeURIComponent(id)}/runs?limit=1000`),
+  ]);
+  const pipeline = await get(`/pipelines/${encodeURIComponent(task.pipeline_id)}`);
+  setMain(
+    h("h1", {}, task.title, " ", h("span", { class: "pill", id: "task-stage" }, task.stage), " ", state(task)),
+    h("p", { class: "muted" }, h("code", {}, task.id), ` · pipeline ${pipeline.name} · priority ${task.priority} · version ${task.task_version} · created ${when(task.created_at_ms)}`),
+    h("p", {}, task.description),
+    h("p", {}, verbButtons(task, () => redraw(() => taskPage(id)))),
+    h("h2", {}, "State machine"),
+    machine(pipeline.definition, task.stage),
+    h("div", { class: "grid2" },
+      h("div", {}, h("h2", {}, "Runs"), timeline(task, runs.items)),
+      h("div", {},
+        h("h2", {}, "Checkpoint"), h("pre", { id: "checkpoint" }, JSON.stringify(task.checkpoint, null, 2)),
+        task.dead_letter_reason ? h("p", { class: "error" }, "Dead-letter reason: " + task.dead_letter_reason) : null,
+        task.cancel_reason ? h("p", { class: "error" }, "Cancelled: " + task.cancel_reason) : null,
+        h("h2", {}, "Failures"),
+        task.previous_failures.length
+          ? h("ul", {}, task.previous_failures.map((f) => h("li", {}, `attempt ${f.attempt} ${f.status}: ${f.error || "–"} (${when(f.ended_at_ms)})`)))
+          : h("p", { class: "muted" }, "None."),
+        h("h2", {}, "Dependencies"),
+        task.dependencies.length
+          ? h("ul", {}, task.dependencies.map((d) => h("li", {}, taskLink(d.depends_on_task_id), d.resolved ? " (done)" : " (waiting)")))
+          : h("p", { class: "muted" }, "None."),
+        h("h2", {}, "Artifacts"),
+        artifacts.items.length
+          ? h("ul", {}, artifacts.items.map((a) => h("li", {}, `${a.kind}: `, h("code", {}, a.uri))))
+          : h("p", { class: "muted" }, "None."),
+        h("h2", {}, "Operator events"),
+        ops.items.length
+          ? h("ul", {}, ops.items.map((e) => h("li", {}, `${when(e.ts_ms)} ${e.kind} ${JSON.stringify(e.data)}`)))
+          : h("p", { class: "muted" }, "None."))),
+  );
+}
+
+// --- dead letters and failures -------------------------------------------------------------
+
+async function failures() {
+  // Tasks dead-lettered, cancelled or with failed attempts: scans up to 2000 tasks.
+  const found = [];
+  let cursor = null;
+  for (let i = 0; i < 2; i++) {
+    const pageData = await get("/tasks?limit=1000" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
+    for (const t of pageData.items) if (t.dead_letter_reason) found.push(t);
+    cursor = pageData.next_cursor;
+    if (!cursor) break;
+  }
+  const [details, retrying] = await Promise.all([
+    Promise.all(found.slice(0, 200).map((t) => get(`/tasks/${encodeURIComponent(t.id)}`))),
+    get("/ops/retrying?limit=200"),
+  ]);
+  const refresh = () => redraw(failures);
+  setMain(
+    h("h1", {}, "Dead letters and failures"),
+    h("h2", {}, `Waiting on a retry delay: ${retrying.items.length}`),
+    retrying.items.length
+      ? h("table", { id: "retrying" },
+          h("thead", {}, h("tr", {}, ["task", "title", "stage", "attempt", "last error", "claimable again", ""].map((t) => h("th", {}, t)))),
+          h("tbody", {}, retrying.items.map((r) => h("tr", { "data-task": r.task_id },
+            h("td", {}, taskLink(r.task_id)), h("td", {}, r.title), h("td", {}, r.stage),
+            h("td", { class: "num" }, r.attempt ?? "–"),
+            h("td", { class: "error-text" }, r.error || (r.status === "stale" ? "lease expired" : "–")),
+            h("td", { class: "eligible", "data-at": r.next_eligible_at_ms },
+              `${when(r.next_eligible_at_ms)} (in ${ago(r.next_eligible_at_ms - retrying.generated_at_ms)})`),
+            h("td", {}, verbButtons({ id: r.task_id }, refresh))))))
+      : h("p", { class: "muted", id: "no-retrying" }, "No task waits on a retry delay."),
+    h("h2", {}, "Dead-lettered and cancelled"),
+    details.length
+      ? h("table", { id: "failures" },
+          h("thead", {}, h("tr", {}, ["task", "title", "stage", "reason", "last failure", ""].map((t) => h("th", {}, t)))),
+          h("tbody", {}, details.map((t) => h("tr", { "data-task": t.id },
+            h("td", {}, taskLink(t.id)), h("td", {}, t.title), h("td", {}, t.stage, " ", state(t)),
+            h("td", {}, t.cancel_reason || t.dead_letter_reason),
+            h("td", {}, t.previous_failures.length ? t.previous_failures[t.previous_failures.length - 1].error || "–" : "–"),
+            h("td", {}, verbButtons(t, refresh))))))
+      : h("p", { class: "muted", id: "no-failures" }, "Nothing is dead-lettered or cancelled."),
+    cursor ? h("p", { class: "muted" }, "Only the oldest 2000 tasks were looked at.") : null,
+  );
+}
+
+// --- shared memory -------------------------------------------------------------------------
+
+function highlighted(snippet) {
+  // The API marks matches with [brackets].
+  const out = [];
+  const re = /\[([^\]]*)\]/g;
+  let last = 0, m;
+  while ((m = re.exec(snippet))) {
+    out.push(snippet.slice(last, m.index), h("mark", {}, m[1]));
+    last = m.index + m[0].length;
+  }
+  out.push(snippet.slice(last));
+  return out;
+}
+
+async function store() {
+  const q = new URLSearchParams(location.search);
+  const ns = q.get("namespace") || "";
+  const text = q.get("q") || "";
+  const sections = [];
+  const after = q.get("after") || "";
+  const names = await get("/namespaces?limit=200" + (after ? "&cursor=" + encodeURIComponent(after) : ""));
+  const more = new URLSearchParams(q);
+  if (names.next_cursor) more.set("after", names.next_cursor);
+  const nsLink = (name) => h("a", { href: `/ui/store?namespace=${encodeURIComponent(name)}` }, name);
+  sections.push(h("h2", {}, "Namespaces"),
+    names.items.length
+      ? h("table", { id: "namespaces" },
+          h("thead", {}, h("tr", {}, h("th", {}, "namespace"), h("th", { class: "num" }, "keys"), h("th", {}, "last change"))),
+          h("tbody", {}, names.items.map((n) => h("tr", { "data-namespace": n.namespace, class: n.namespace === ns ? "chosen" : null },
+            h("td", {}, nsLink(n.namespace)), h("td", { class: "num" }, n.keys), h("td", {}, when(n.updated_at_ms))))))
+      : h("p", { class: "muted", id: "no-namespaces" }, "The store is empty."),
+    names.next_cursor ? h("p", { class: "pager" }, h("a", { href: "/ui/store?" + more, id: "more-namespaces" }, "more namespaces »")) : null);
+  if (text) {
+    const params = new URLSearchParams({ q: text, limit: "50" });
+    if (ns) params.set("namespace", ns);
+    const hits = await get("/store/search?" + params);
+    sections.push(h("h2", {}, `Search: ${hits.length} found`),
+      h("table", { id: "hits" },
+        h("thead", {}, h("tr", {}, ["namespace", "key", "match"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, hits.map((hit) => h("tr", {},
+          h("td", {}, nsLink(hit.namespace)),
+          h("td", {}, h("code", {}, hit.key)), h("td", { class: "snippet" }, highlighted(hit.snippet)))))));
+  }
+  if (ns) {
+    const entries = await get(`/store/${encodeURIComponent(ns)}`);
+    sections.push(h("h2", {}, `Namespace ${ns}: ${entries.length} keys`),
+      h("table", { id: "keys" },
+        h("thead", {}, h("tr", {}, ["key", "value", "updated"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, entries.map((e) => h("tr", {},
+          h("td", {}, h("code", {}, e.key)), h("td", {}, h("code", {}, JSON.stringify(e.value).slice(0, 200))), h("td", {}, when(e.updated_at_ms)))))));
+  }
+  setMain(
+    h("h1", {}, "Shared memory"),
+    h("form", { class: "filters", method: "get", action: "/ui/store", id: "store-search" },
+      h("input", { name: "namespace", placeholder: "namespace", value: ns }),
+      h("input", { name: "q", placeholder: "search words", value: text }),
+      h("button", { type: "submit" }, "Search / list")),
+    ...sections,
+    ns ? null : h("p", { class: "muted" }, "Choose a namespace to list its keys, or search every value."),
+  );
+}
+
+// --- start ---------------------------------------------------------------------------------
+
+async function start() {
+  if (page === "overview") {
+    await redraw(overview);
+    live(null, throttled(() => redraw(overview)));
+  } else if (page === "tasks") {
+    await redraw(tasks);
+    live(null, throttled(() => redraw(tasks)));
+  } else if (page === "task" && parts[1]) {
+    const id = decodeURIComponent(parts[1]);
+    await redraw(() => taskPage(id));
+    const refreshTask = throttled(() => redraw(() => taskPage(id)), 150);
+    // From the first event on: the history, then whatever happens next.
+    live({ task_id: id, last_event_id: 0 }, (ev) => {
+      if (!events.has(ev.run_id)) events.set(ev.run_id, []);
+      const list = events.get(ev.run_id);
+      if (!list.some((e) => e.id === ev.id)) list.push(ev);
+      refreshTask();
+    });
+  } else if (page === "failures") {
+    await redraw(failures);
+    live({ kind: "dead_letter,retry_scheduled,lease_expired,cancelled" }, throttled(() => redraw(failures)));
+  } else if (page === "store") {
+    await redraw(store);
+  }
+}
+
+start();

@@ -1,0 +1,58 @@
+"""Processes of ours end with the process that depends on them: on Linux through the kernel's
+parent-death signal (PR_SET_PDEATHSIG), which a SIGKILL of the parent cannot skip. Elsewhere
+these do nothing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import cast
+
+PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return cast("Callable[..., int]", ctypes.CDLL(None, use_errno=True).prctl)
+    except (OSError, AttributeError):
+        return None
+
+
+def follow_onefile_parent() -> None:
+    """In the standalone binary this process is the child of the onefile bootstrap, the
+    process a supervisor started and may SIGKILL. On Linux the kernel then sends us SIGTERM
+    and the command's own stop follows (the server's bounded shutdown, the worker's release),
+    instead of the bootstrap's own watch, which gives its child a long grace time first.
+    Elsewhere that watch stays."""
+    parent = os.environ.get("NUITKA_ONEFILE_PARENT")
+    prctl = _prctl()
+    if not parent or prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if str(os.getppid()) != parent:  # it was gone before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def end_with_this_process() -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that must get SIGTERM when this process dies, even by
+    SIGKILL, or None where there is no such signal. The kernel watches the thread that starts
+    the child: start it from a thread that lives as long as the process (the main thread)."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # in the child, between fork and exec: nothing but two system calls
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # this process died before the line above
+            os._exit(143)
+
+    return arm

@@ -1,0 +1,371 @@
+"""The database as the service sees it (storage.ports.Database), on PostgreSQL.
+
+Every unit of work runs in one transaction on a pooled connection, in a thread of the
+database's own (the driver blocks), while the event loop goes on. Writes run at READ COMMITTED:
+what keeps two servers from both claiming a task, or from inserting one name twice, is the
+data itself (runs_one_running_per_task, unique keys, ON CONFLICT, row locks taken with SKIP
+LOCKED), not a single writer. When PostgreSQL aborts a unit of work for reasons that a second
+try settles (a serialization failure, a deadlock, a claim that lost its race to another
+server, a connection that died before COMMIT), the whole unit runs again on a fresh
+transaction, a few times, with jitter. Reads run in a read-only REPEATABLE READ transaction:
+one snapshot per unit of work.
+
+Driver errors are translated here, at the edge: no connection (refused, server gone, shutting
+down, pool exhausted) is StorageUnavailable (503 with Retry-After), a full disk StorageFull,
+a unique violation the backend did not expect is matched by constraint name to the contract's
+codes. Nothing of psycopg leaves this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+
+from nulltickets.domain.stats import COMMIT_SECONDS, Histogram
+from nulltickets.errors import (
+    DuplicateDependency,
+    DuplicateName,
+    InvalidDependency,
+    InvalidRequest,
+    StartupError,
+    StorageBusy,
+    StorageFull,
+    StorageReadOnly,
+    StorageUnavailable,
+)
+from nulltickets.storage.ports import Capabilities, StorageStats
+from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
+from nulltickets.storage.postgres.migrate import migrate, migrations
+from nulltickets.storage.postgres.notifier import PostgresNotifier
+
+log = logging.getLogger("nulltickets.storage")
+
+T = TypeVar("T")
+
+CAPABILITIES = Capabilities(
+    name="postgresql",
+    cross_process_notifications=True,
+    group_commit=False,
+    shared_by_servers=True,
+)
+
+# How long a unit of work waits for a pooled connection before it is answered 503: long enough
+# for a busy pool, short enough that a client hears "unavailable" while PostgreSQL restarts.
+POOL_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 3
+# Retries of a whole unit of work: after a serialization failure, deadlock or lost race.
+RACE_RETRIES = 8
+# ... and after its connection died before COMMIT (the pool checks its idle ones first).
+CONNECTION_RETRIES = 2
+RETRY_BASE_S = 0.002
+RETRY_MAX_S = 0.05
+
+# Connection-level failures: the server is gone, shutting down, or not yet accepting.
+_UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}
+
+# Constraint names (migration 0001) the contract has a code for.
+_UNIQUE_CODES: dict[str, Callable[[], Exception]] = {
+    "pipelines_name_key": lambda: DuplicateName("a pipeline of that name already exists"),
+    "task_dependencies_pkey": DuplicateDependency,
+}
+
+
+def display_url(url: str) -> str:
+    """The URL as logs and errors may show it: without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | None = None) -> bool:
+    """Whether `exc` means the connection (or the server) is gone, not the statement wrong."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if conn is not None and conn.broken:
+        return True
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith("08") or state in _UNAVAILABLE_STATES
+
+
+def _retryable_race(exc: BaseException) -> bool:
+    return isinstance(
+        exc,
+        LostRace | pg_errors.SerializationFailure | pg_errors.DeadlockDetected,
+    )
+
+
+def storage_error(exc: BaseException, conn: psycopg.Connection[Any] | None = None) -> BaseException:
+    """Translate a driver error into ours (others pass through unchanged)."""
+    if not isinstance(exc, psycopg.Error | psycopg_pool.PoolTimeout):
+        return exc
+    if connection_lost(exc, conn):
+        return StorageUnavailable(f"PostgreSQL is unavailable: {_first_line(exc)}")
+    if isinstance(exc, psycopg.DataError) and (
+        exc.sqlstate in ("22P05", "22021") or "NUL" in str(exc)
+    ):
+        # PostgreSQL text cannot hold the NUL character (SQLite's can): a clear 400, not a 500.
+        return InvalidRequest("PostgreSQL cannot store the NUL character (\\u0000) in text")
+    if isinstance(exc, pg_errors.DiskFull):
+        return StorageFull()
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return StorageReadOnly()
+    if isinstance(exc, pg_errors.UniqueViolation):
+        make = _UNIQUE_CODES.get(exc.diag.constraint_name or "")
+        if make is not None:
+            return make()
+        return StorageBusy("a concurrent write took the same key; try again")
+    if (
+        isinstance(exc, pg_errors.CheckViolation)
+        and exc.diag.constraint_name == "task_dependencies_not_self"
+    ):
+        return InvalidDependency()
+    if isinstance(
+        exc,
+        pg_errors.SerializationFailure
+        | pg_errors.DeadlockDetected
+        | pg_errors.LockNotAvailable
+        | pg_errors.QueryCanceled,
+    ):
+        return StorageBusy()
+    return exc
+
+
+class PostgresDatabase:
+    """storage.ports.Database on one PostgreSQL database: a pool of connections for units of
+    work that write, a smaller one for reads, and the LISTEN/NOTIFY notifier."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self, url: str, *, durability: str = "full", readers: int = 4, writers: int = 8
+    ) -> None:
+        self.url = url
+        self.durability = durability
+        self._readers = max(1, readers)
+        self._writers = max(1, writers)
+        self._write_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._read_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._notifier = PostgresNotifier(url)
+        self._rand = random.Random()
+        self._lock = threading.Lock()
+        self.retries = 0  # units of work run again (races, lost connections)
+        self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)  # the pool's threads
+
+    @property
+    def notifier(self) -> PostgresNotifier:
+        return self._notifier
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, "autocommit": False}
+        if self.durability != "full":
+            # "normal": a commit returns before its WAL reaches the disk (PostgreSQL's
+            # synchronous_commit = off); a crash of PostgreSQL may lose the last few.
+            kwargs["options"] = "-c synchronous_commit=off"
+        return kwargs
+
+    def open(self) -> None:
+        where = display_url(self.url)
+        try:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
+                migrate(c)
+        except StartupError:
+            raise
+        except psycopg.Error as exc:
+            raise StartupError(
+                f"cannot open PostgreSQL database {where}: {_first_line(exc)}"
+            ) from None
+
+        def reader(conn: psycopg.Connection[Any]) -> None:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+
+        self._write_pool = psycopg_pool.ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._writers,
+            kwargs=self._kwargs(),
+            timeout=POOL_TIMEOUT_S,
+            reconnect_timeout=24 * 3600,
+            name="nulltickets-write",
+            open=True,
+        )
+        self._read_pool = psycopg_pool.ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._readers,
+            kwargs=self._kwargs(),
+            configure=reader,
+            timeout=POOL_TIMEOUT_S,
+            reconnect_timeout=24 * 3600,
+            name="nulltickets-read",
+            open=True,
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._writers + self._readers, thread_name_prefix="nulltickets-pg"
+        )
+        self._notifier.start()
+
+    def close(self) -> None:
+        self._notifier.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for pool in (self._read_pool, self._write_pool):
+            if pool is not None:
+                pool.close()
+        self._read_pool = self._write_pool = None
+
+    def stats(self) -> StorageStats:
+        """What /metrics shows for this process: the units of work retried and the time of
+        each commit (no WAL checkpoints nor batches here: those are PostgreSQL's own)."""
+        return StorageStats(
+            {"retries": float(self.retries)}, {"commit_duration_seconds": self.commit_durations}
+        )
+
+    def schema_version(self) -> tuple[int, int]:
+        latest = len(migrations())
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
+            versions = [row[0] for row in c.execute(Q["schema_versions"])]
+        return (max(versions) if versions else 0), latest
+
+    # --- units of work -------------------------------------------------------------------------
+
+    async def write(self, job: Callable[[PostgresBackend], T]) -> T:
+        return await self._in_thread(self.write_sync, job)
+
+    async def read(self, job: Callable[[PostgresBackend], T]) -> T:
+        return await self._in_thread(self.read_sync, job)
+
+    async def _in_thread(
+        self,
+        run: Callable[[Callable[[PostgresBackend], T]], T],
+        job: Callable[[PostgresBackend], T],
+    ) -> T:
+        executor = self._executor
+        if executor is None:
+            raise StorageUnavailable("the database is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, run, job)
+
+    def write_sync(self, job: Callable[[PostgresBackend], T]) -> T:
+        """Run `job` in a transaction of its own, again when a retry settles its failure."""
+        pool = self._write_pool
+        if pool is None:
+            raise StorageUnavailable("the database is closed")
+        races = lost = 0
+        while True:
+            committing = False
+            conn: psycopg.Connection[Any] | None = None
+            try:
+                with pool.connection() as conn:
+                    backend = PostgresBackend(conn, writing=True)
+                    try:
+                        result = job(backend)
+                        backend.send_notifications()
+                    except BaseException:
+                        if not conn.broken:
+                            conn.rollback()
+                        raise
+                    committing = True
+                    started = time.perf_counter()
+                    conn.commit()
+                    self.commit_durations.observe(time.perf_counter() - started)
+                self._notifier.committed()
+                return result
+            except BaseException as exc:
+                if _retryable_race(exc) and races < RACE_RETRIES:
+                    races += 1
+                    self.retries += 1
+                    time.sleep(self._backoff(races))
+                    continue
+                if (
+                    connection_lost(exc, conn)
+                    and not committing
+                    and lost < CONNECTION_RETRIES
+                    and not isinstance(exc, psycopg_pool.PoolTimeout)  # waited long enough
+                ):
+                    # Nothing was committed: the next try runs on a connection that works.
+                    lost += 1
+                    self.retries += 1
+                    self._check(pool)
+                    continue
+                if connection_lost(exc, conn) and committing:
+                    raise StorageUnavailable(
+                        "PostgreSQL went away during COMMIT: the write may or may not have "
+                        "been kept (retry it with its Idempotency-Key)"
+                    ) from None
+                translated = storage_error(exc, conn)
+                if translated is exc:
+                    raise
+                raise translated from None
+
+    def read_sync(self, job: Callable[[PostgresBackend], T]) -> T:
+        pool = self._read_pool
+        if pool is None:
+            raise StorageUnavailable("the database is closed")
+        lost = 0
+        while True:
+            conn: psycopg.Connection[Any] | None = None
+            try:
+                with pool.connection() as conn:
+                    try:
+                        return job(PostgresBackend(conn))
+                    finally:
+                        if not conn.broken:
+                            conn.rollback()  # read-only: nothing to keep, the snapshot ends
+            except BaseException as exc:
+                if (
+                    connection_lost(exc, conn)
+                    and lost < CONNECTION_RETRIES
+                    and not isinstance(exc, psycopg_pool.PoolTimeout)
+                ):
+                    lost += 1
+                    self._check(pool)
+                    continue
+                translated = storage_error(exc, conn)
+                if translated is exc:
+                    raise
+                raise translated from None
+
+    def _backoff(self, attempt: int) -> float:
+        with self._lock:
+            jitter: float = self._rand.random()
+        ceiling: float = min(RETRY_MAX_S, RETRY_BASE_S * 2.0 ** (attempt - 1))
+        return ceiling * (0.5 + jitter)
+
+    @staticmethod
+    def _check(pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        """Drop the pool's idle connections that no longer work (after PostgreSQL restarted,
+        every one of them)."""
+        try:
+            pool.check()
+        except Exception as exc:  # the pool is closing; the next getconn says so
+            log.debug("pool check failed: %s", exc)

@@ -1,0 +1,322 @@
+"""PostgresDatabase on a real PostgreSQL: units of work from many threads and several
+databases at once (each standing for a server), migrations on open, notifications across
+processes' connections, errors at the edge."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import psycopg
+import pytest
+
+from nulltickets.domain.clock import wall_ms
+from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask, Heartbeat
+from nulltickets.errors import DuplicateName, StartupError, StorageUnavailable
+from nulltickets.service import Tracker
+from nulltickets.storage import factory
+from nulltickets.storage.ports import EVERY_ROLE
+from nulltickets.storage.postgres import PostgresDatabase
+from nulltickets.storage.postgres.backend import PostgresBackend
+from nulltickets.storage.postgres.migrate import migrations
+from tests.conftest import unique, wait_for
+from tests.pgserver import PostgresServer
+from tests.server import PIPELINE
+
+
+@pytest.fixture
+def open_db(pg_shared_dsn: str) -> Iterator[Callable[..., PostgresDatabase]]:
+    opened: list[PostgresDatabase] = []
+
+    def make(dsn: str = pg_shared_dsn, **kw: Any) -> PostgresDatabase:
+        db = PostgresDatabase(dsn, **kw)
+        db.open()
+        opened.append(db)
+        return db
+
+    yield make
+    for db in opened:
+        db.close()
+
+
+def pipeline(role: str) -> CreatePipeline:
+    definition = {**PIPELINE, "states": {**PIPELINE["states"], "todo": {"agent_role": role}}}
+    return CreatePipeline(unique("pipe"), msgspec.Raw(msgspec.json.encode(definition)))
+
+
+def seed(db: PostgresDatabase, tracker: Tracker, role: str, n: int) -> list[str]:
+    def job(b: PostgresBackend) -> list[str]:
+        now = wall_ms()
+        pid = tracker.create_pipeline(b, pipeline(role), now)
+        return [tracker.create_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
+
+    return db.write_sync(job)
+
+
+def test_the_factory_opens_a_postgresql_url(pg_shared_dsn: str) -> None:
+    db = factory.open_database(pg_shared_dsn)
+    try:
+        assert isinstance(db, PostgresDatabase)
+        assert db.capabilities.shared_by_servers and db.capabilities.cross_process_notifications
+    finally:
+        db.close()
+
+
+def test_claims_from_many_threads_on_several_databases_take_each_task_once(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """Three databases (three servers' pools), 4 threads each, claiming until nothing is left:
+    every task is claimed by exactly one of them."""
+    role = unique("coder")
+    dbs = [open_db() for _ in range(3)]
+    trackers = [Tracker(db.notifier, shared=True) for db in dbs]
+    tasks = seed(dbs[0], trackers[0], role, 60)
+    claimed: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(12)
+
+    def agent(db: PostgresDatabase, tracker: Tracker, name: str) -> None:
+        start.wait()
+        while True:
+            result = db.write_sync(lambda b: tracker.claim(b, Claim(name, role), wall_ms()))
+            if result is None:
+                return
+            with lock:
+                claimed.append(result.task.id)
+
+    threads = [
+        threading.Thread(target=agent, args=(dbs[i % 3], trackers[i % 3], f"agent-{i}"))
+        for i in range(12)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert Counter(claimed) == Counter(tasks)
+
+
+def test_concurrent_reapers_end_each_expired_lease_once(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    role = unique("coder")
+    dbs = [open_db() for _ in range(3)]
+    trackers = [Tracker(db.notifier, shared=True) for db in dbs]
+    tasks = seed(dbs[0], trackers[0], role, 20)
+    now = wall_ms()
+    for _ in tasks:
+        dbs[0].write_sync(lambda b: trackers[0].claim(b, Claim("a", role, lease_ttl_ms=1000), now))
+    later = now + 5_000  # every lease above is past its time then
+    reaped: list[int] = []
+    start = threading.Barrier(6)
+
+    def reaper(db: PostgresDatabase, tracker: Tracker) -> None:
+        start.wait()
+        reaped.append(db.write_sync(lambda b: tracker.reap_expired(b, later)))
+
+    threads = [
+        threading.Thread(target=reaper, args=(dbs[i % 3], trackers[i % 3])) for i in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(reaped) == len(tasks)
+    stale = dbs[1].read_sync(
+        lambda b: [b.latest_run(t).status for t in tasks]  # type: ignore[union-attr]
+    )
+    assert stale == ["stale"] * len(tasks)
+    events = dbs[1].read_sync(
+        lambda b: [
+            [e.kind for e in b.list_events(b.latest_run(t).id, 0, 10)]  # type: ignore[union-attr]
+            for t in tasks
+        ]
+    )
+    assert all(kinds.count("lease_expired") == 1 for kinds in events), events
+
+
+def test_a_pipeline_name_created_at_once_on_two_databases_exists_once(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    dbs = [open_db(), open_db()]
+    name = unique("pipe")
+    definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
+    outcomes: list[str] = []
+    start = threading.Barrier(8)
+
+    def create(db: PostgresDatabase) -> None:
+        tracker = Tracker(db.notifier)
+        start.wait()
+        try:
+            db.write_sync(
+                lambda b: tracker.create_pipeline(b, CreatePipeline(name, definition), wall_ms())
+            )
+            outcomes.append("created")
+        except DuplicateName:
+            outcomes.append("duplicate_name")
+
+    threads = [threading.Thread(target=create, args=(dbs[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ["created"] + ["duplicate_name"] * 7
+
+
+def test_a_commit_on_one_database_wakes_the_subscribers_of_another(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    writer, listener = open_db(), open_db()
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    role = unique("coder")
+    tracker = Tracker(writer.notifier, shared=True)
+    seed(writer, tracker, role, 1)
+    wait_for("the notification", lambda: (role, 0) in heard)
+
+
+def test_a_rolled_back_unit_of_work_notifies_nobody(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    writer, listener = open_db(), open_db()
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    gone, kept = unique("gone"), unique("kept")
+
+    def fails(b: PostgresBackend) -> None:
+        writer.notifier.notify(b, gone, 0)
+        raise DuplicateName("no")
+
+    with pytest.raises(DuplicateName):
+        writer.write_sync(fails)
+    writer.write_sync(lambda b: writer.notifier.notify(b, kept, 0))  # sent after the first
+    wait_for("the second notification", lambda: (kept, 0) in heard)
+    assert (gone, 0) not in heard
+
+
+def test_the_listener_reconnects_and_wakes_every_role_once(
+    open_db: Callable[..., PostgresDatabase], postgres: PostgresServer
+) -> None:
+    db = open_db()
+    heard: list[tuple[str, int]] = []
+    db.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    wait_for("the LISTEN connection", db.notifier.connected.is_set)
+    with postgres.admin() as admin:  # what a restart does to the listening connection
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query LIKE '%%LISTEN nulltickets_claimable%%' AND pid <> pg_backend_pid()"
+        )
+    wait_for("the reconnection's wake-up", lambda: (EVERY_ROLE, 0) in heard)
+    role = unique("coder")
+    db.write_sync(lambda b: db.notifier.notify(b, role, 0))
+    wait_for("a notification after the reconnection", lambda: (role, 0) in heard)
+
+
+def test_servers_starting_at_once_migrate_an_empty_database_once(pg_empty_dsn: str) -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+    dbs: list[PostgresDatabase] = []
+
+    def boot() -> None:
+        db = PostgresDatabase(pg_empty_dsn)
+        start.wait()
+        try:
+            db.open()
+            dbs.append(db)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=boot) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for db in dbs:
+        db.close()
+    assert errors == []
+    with psycopg.connect(pg_empty_dsn) as conn:
+        rows = conn.execute("SELECT version FROM nulltickets_schema ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == [n for n, _, _ in migrations()]
+
+
+def test_an_unreachable_database_is_a_one_line_startup_error(postgres: PostgresServer) -> None:
+    from tests.pgserver import free_port
+
+    url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/nothing"
+    with pytest.raises(StartupError) as failure:
+        PostgresDatabase(url).open()
+    message = str(failure.value)
+    assert "\n" not in message and "secret" not in message
+    assert message.startswith("cannot open PostgreSQL database postgresql://postgres:***@")
+
+
+def test_connections_killed_under_the_pool_are_replaced_without_an_error(
+    open_db: Callable[..., PostgresDatabase], postgres: PostgresServer
+) -> None:
+    """What PostgreSQL's restart leaves in a pool: connections that no longer work. The next
+    unit of work runs again on a fresh one instead of failing."""
+    db = open_db()
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    seed(db, tracker, role, 3)
+    dbname = db.read_sync(lambda b: b.conn.execute("SELECT current_database()").fetchone()[0])
+    with postgres.admin() as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND query NOT LIKE '%%LISTEN nulltickets_claimable%%'",
+            (dbname,),
+        )
+    result = db.write_sync(lambda b: tracker.claim(b, Claim("a", role), wall_ms()))
+    assert result is not None
+    assert db.read_sync(lambda b: b.task_exists(result.task.id))
+
+
+def test_a_closed_database_answers_storage_unavailable(pg_shared_dsn: str) -> None:
+    db = PostgresDatabase(pg_shared_dsn)
+    db.open()
+    db.close()
+    with pytest.raises(StorageUnavailable):
+        db.write_sync(lambda b: b.task_exists("x"))
+
+
+def test_a_heartbeat_racing_the_reaper_never_revives_an_expired_lease(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    db_a, db_b = open_db(), open_db()
+    t_a, t_b = Tracker(db_a.notifier, shared=True), Tracker(db_b.notifier, shared=True)
+    role = unique("coder")
+    seed(db_a, t_a, role, 1)
+    now = wall_ms()
+    claim = db_a.write_sync(lambda b: t_a.claim(b, Claim("a", role, lease_ttl_ms=1000), now))
+    assert claim is not None
+    from nulltickets.domain.tokens import lease_token_hash
+
+    token = lease_token_hash(claim.lease_token)
+    later = claim.expires_at_ms + 1_000  # past the lease, whatever TTL it was given
+    outcome: list[str] = []
+
+    def heartbeat() -> None:
+        try:
+            db_b.write_sync(lambda b: t_b.heartbeat(b, claim.lease_id, token, Heartbeat(), later))
+            outcome.append("extended")
+        except Exception as exc:
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    reaped = db_a.write_sync(lambda b: t_a.reap_expired(b, later))
+    thread.join(30)
+    assert reaped in (0, 1) and outcome and outcome[0] != "extended"
+    # A reaper passes over a lease another unit of work holds (SKIP LOCKED): if it met the
+    # heartbeat's lock, its next pass ends the run. Either way the run ends once, as stale.
+    reaped += db_a.write_sync(lambda b: t_a.reap_expired(b, later))
+    assert reaped == 1
+    status = db_a.read_sync(lambda b: b.run_status(claim.run.id))
+    assert status == "stale"
+    kinds = db_a.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
+    assert kinds.count("lease_expired") == 1, kinds

@@ -1,0 +1,185 @@
+"""The benchmark's own logic without measuring anything: the baseline comparison, the rows of
+the cycle table (PostgreSQL beside SQLite, and rows that could not be measured), the
+temporary checkout of a baseline revision, and the sections `--help` lists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks.__main__ import SECTIONS, cycle_row, parse_sections, render
+from benchmarks.baseline import BaselineError, BaselineTree, common_core, compare
+from benchmarks.baseline import render as render_baseline
+from benchmarks.postgres import unavailable_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def row(
+    rate: float, *, engine: str = "sqlite", servers: int = 1, agents: int = 16
+) -> dict[str, Any]:
+    lat = {"p50": 1.0, "p95": 2.0, "p99": 3.0}
+    return {
+        "engine": engine,
+        "servers": servers,
+        "agents": agents,
+        "durability": "normal",
+        "cycles_per_s": rate,
+        "requests_per_s": rate * 3,
+        "latency_ms": {"claim": lat, "event": lat, "transition": lat},
+        "completed_exactly_once": True,
+        "client_bound": False,
+        "server_cpu_cores": 1.0,
+        "client_cpu_cores": 0.1,
+        "server_peak_rss_mb": 50.0,
+        "rounds_cycles_per_s": [rate],
+    }
+
+
+def test_the_ratio_is_after_over_before_with_every_run_kept() -> None:
+    before = {**row(3000.0), "rounds_cycles_per_s": [2900.0, 3000.0, 3100.0]}
+    after = {**row(2850.0), "rounds_cycles_per_s": [2850.0, 2800.0, 2900.0]}
+    c = compare(before, after)
+    assert c["ratio"] == 0.95
+    assert c["before_rounds_cycles_per_s"] == [2900.0, 3000.0, 3100.0]
+    assert c["after_rounds_cycles_per_s"] == [2850.0, 2800.0, 2900.0]
+    assert c["exactly_once"] is True
+
+
+def test_a_side_that_lost_a_task_marks_the_comparison() -> None:
+    before = {**row(3000.0), "completed_exactly_once": False}
+    assert compare(before, row(3000.0))["exactly_once"] is False
+
+
+def test_a_before_side_that_completed_nothing_has_no_ratio() -> None:
+    assert compare(row(0.0), row(3000.0))["ratio"] is None
+
+
+def test_the_comparison_table_names_the_revision_core_and_ratio() -> None:
+    info = {
+        "rev": "ea98929",
+        "commit": "ea98929f3c7a17e3806cacf3eec6c6572a6bdda4",
+        "core": "compiled",
+        "rows": [compare(row(2000.0, agents=4), row(2100.0, agents=4))],
+    }
+    text = "\n".join(render_baseline(info))
+    assert "ea98929 (ea98929f3)" in text
+    assert "compiled core on both sides" in text
+    assert "| 4 | normal | 2000 | 2100 | 1.05 | 2000 | 2100 |" in text
+
+
+def test_both_sides_run_the_compiled_core_only_when_both_have_it() -> None:
+    assert common_core("compiled", "compiled") == "compiled"
+    assert common_core("compiled", "python") == "python"
+    assert common_core("python", "compiled") == "python"
+
+
+def test_postgresql_rows_sit_in_the_sqlite_table_with_their_server_count() -> None:
+    results = {
+        "machine": {
+            "nulltickets": "x",
+            "core": "compiled",
+            "python": "3.11",
+            "sqlite": "3.51.3",
+            "postgresql": "15.18",
+            "granian": "2",
+            "cpus": 2,
+            "machine": "x86_64",
+        },
+        "rounds": 3,
+        "cycle": [row(3400.0)],
+        "postgres": [row(900.0, engine="postgresql"), row(1200.0, engine="postgresql", servers=2)],
+    }
+    lines = render(results).splitlines()
+    assert "PostgreSQL 15.18" in lines[0]
+    body = [li for li in lines if li.startswith(("| sqlite", "| postgresql"))]
+    assert [li.split(" | ")[:5] for li in body] == [
+        ["| sqlite", "1", "16", "normal", "3400"],
+        ["| postgresql", "1", "16", "normal", "900"],
+        ["| postgresql", "2", "16", "normal", "1200"],
+    ]
+
+
+def test_a_postgresql_that_could_not_start_is_a_row_saying_why() -> None:
+    rows = unavailable_rows((16, 64), "no PostgreSQL server found")
+    assert [(r["agents"], r["servers"]) for r in rows] == [(16, 1), (16, 2), (64, 1), (64, 2)]
+    line = cycle_row(rows[1])
+    assert line.startswith("| postgresql | 2 | 16 | normal | not measured: no PostgreSQL")
+    header = "| engine | servers | agents | durability | cycles/s | req/s | claim p50/p99 ms | "
+    header += "event p99 ms | transition p99 ms | server CPU | client CPU | peak RSS MB | "
+    header += "exactly once |"
+    assert line.count("|") == header.count("|")
+
+
+def test_sections_are_checked_by_name() -> None:
+    assert parse_sections("postgres, cycle") == ["postgres", "cycle"]
+    with pytest.raises(Exception, match="unknown section nope"):
+        parse_sections("cycle,nope")
+
+
+def test_help_lists_every_section_and_the_baseline_option() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "postgres" in SECTIONS
+    for section in SECTIONS:
+        assert f"\n  {section} " in done.stdout
+    assert "--baseline REV" in done.stdout
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A small repository shaped like ours: src/nulltickets and cext/ at one commit."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "nulltickets").mkdir(parents=True)
+    (repo / "cext").mkdir()
+    (repo / "src" / "nulltickets" / "__init__.py").write_text("")
+    (repo / "cext" / "__init__.py").write_text("")
+    git(tmp_path, "init", "-q", str(repo))
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    return repo
+
+
+def test_the_baseline_checkout_is_removed_with_its_worktree_entry(repo: Path) -> None:
+    with BaselineTree("HEAD", repo=repo, build_core=False) as tree:
+        assert tree.commit == git(repo, "rev-parse", "HEAD")
+        assert (tree.path / "src" / "nulltickets" / "__init__.py").exists()
+        # The cext/ package is where an install would map it, inside the checkout.
+        assert (tree.path / "src" / "nulltickets" / "_cext").resolve() == (
+            tree.path / "cext"
+        ).resolve()
+        assert len(git(repo, "worktree", "list").splitlines()) == 2
+        folder = tree.folder
+    assert not folder.exists()
+    assert git(repo, "worktree", "list", "--porcelain").splitlines()[0] == f"worktree {repo}"
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_the_checkout_is_removed_after_a_failure_inside(repo: Path) -> None:
+    with pytest.raises(RuntimeError), BaselineTree("HEAD", repo=repo, build_core=False) as tree:
+        folder = tree.folder
+        raise RuntimeError("a run failed")
+    assert not folder.exists()
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_an_unknown_revision_is_a_baseline_error_and_leaves_nothing(repo: Path) -> None:
+    tree = BaselineTree("no-such-rev", repo=repo, build_core=False)
+    with pytest.raises(BaselineError, match="rev-parse"), tree:
+        pass
+    assert not tree.folder.exists()
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
