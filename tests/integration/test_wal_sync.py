@@ -166,6 +166,74 @@ def test_batches_committed_during_one_sync_are_all_answered_by_the_next(
     db.close()
 
 
+def notifying(value: str, db: Database) -> Any:
+    """A write that notifies role "r" (for later: collected even with no long-poll waiting)."""
+
+    def job(b: Any) -> None:
+        b.put_value("t", value, "1", 0)
+        db.notifier.notify(b, "r", 1)
+
+    return job
+
+
+def test_long_polls_and_event_streams_hear_of_a_write_only_once_it_is_synced(
+    tmp_path: Path, gate: GateVFS
+) -> None:
+    db = open_db(tmp_path, gate)
+    heard: list[str] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        db.notifier.subscribe(lambda role, at_ms: heard.append(f"wake {role}"), loop)
+        db.notifier.on_commit(lambda: heard.append("commit"), loop)
+        write = asyncio.ensure_future(db.write(notifying("first", db)))
+        await until(lambda: gate.started == 1)  # committed, its sync held
+        assert "first" in stored(db)
+        await asyncio.sleep(0)  # anything the commit scheduled on the loop has run by now...
+        assert heard == []  # ...and no one heard of a write a power cut could take back
+        assert not write.done()
+        gate.allow()
+        await write
+        assert heard == ["commit", "wake r"]
+
+    asyncio.run(scenario())
+
+    # From a thread without the loop (run_sync): told on that thread, after its own sync.
+    told: list[str] = []
+    db.notifier.subscribe(lambda role, at_ms: told.append(role), None)
+    writer = threading.Thread(target=db.write_sync, args=(notifying("second", db),))
+    writer.start()
+    wait_for("the second commit", lambda: gate.started == 2 and "second" in stored(db), 30)
+    assert told == []
+    gate.allow()
+    writer.join()
+    assert told == ["r"]
+    db.close()
+
+
+def test_a_write_whose_sync_fails_wakes_no_one(tmp_path: Path, gate: GateVFS) -> None:
+    db = open_db(tmp_path, gate)
+    gate.release_all()
+    gate.failing = True
+    heard: list[str] = []
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        db.notifier.subscribe(lambda role, at_ms: heard.append(role), loop)
+        db.notifier.on_commit(lambda: heard.append("commit"), loop)
+        answers = await asyncio.gather(
+            *(db.write(notifying(f"x{i}", db)) for i in range(3)), return_exceptions=True
+        )
+        await asyncio.sleep(0)
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert all(isinstance(a, StorageUnavailable) for a in answers), answers
+    assert gate.started >= 1  # the commits were made, and their sync failed
+    assert heard == []
+    db.close()
+
+
 def test_a_failing_sync_fails_its_writes_and_every_later_one_until_a_restart(
     tmp_path: Path, gate: GateVFS
 ) -> None:

@@ -18,8 +18,9 @@ stop every request for several milliseconds.
 
 With durability `full` the commit's own fsync is off the loop's thread too: the connection
 commits with synchronous=NORMAL and a thread of its own syncs the WAL (`walsync.py`); a batch's
-callers hear back only once a sync that began after its COMMIT has completed. Meanwhile the
-loop reads, decides and commits the next batches, which the next sync covers all at once.
+callers hear back only once a sync that began after its COMMIT has completed, and so do the
+long-polls and event streams its notifications wake (`on_commit`). Meanwhile the loop reads,
+decides and commits the next batches, which the next sync covers all at once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ RETRY_MAX_S = 0.2
 Job = Callable[[SqliteBackend], Any]
 Outcome = tuple[Any, BaseException | None]
 Entry = tuple[Job, "asyncio.Future[Any]", float]  # a pending job, its caller's future, when
+# What a commit has to tell (its notifications), told once the commit is durable.
+Tell = Callable[[], None]
 
 
 def storage_error(exc: BaseException, system_errno: int | None = None) -> BaseException:
@@ -219,7 +222,7 @@ class Writer:
         self._flush_scheduled = False
         self._retry_delay = RETRY_MIN_S
         self.busy_timeout_s = connection.BUSY_TIMEOUT_MS / 1000
-        self._after_commit: list[Callable[[], None]] = []
+        self._after_commit: list[Callable[[], Tell | None]] = []
         self.checkpointer = Checkpointer(path, durability)
         self.batches = 0
         self.jobs = 0
@@ -232,7 +235,7 @@ class Writer:
         self.syncer: walsync.WalSyncer | None = None
         self._committed = 0
         self._durable = 0
-        self._unsynced: deque[tuple[int, list[Entry], list[Outcome]]] = deque()
+        self._unsynced: deque[tuple[int, list[Entry], list[Outcome], list[Tell]]] = deque()
         self._sync_failed: BaseException | None = None
         self._readers_waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
@@ -293,9 +296,14 @@ class Writer:
                 "%d WAL syncs off the loop's thread (%.1f jobs per sync)", syncs, self.jobs / syncs
             )
 
-    def on_commit(self, callback: Callable[[], None]) -> None:
-        """Call `callback` after every commit (on the committing thread)."""
-        self._after_commit.append(callback)
+    def on_commit(self, collect: Callable[[], Tell | None]) -> None:
+        """Call `collect()` after every commit, on the committing thread with the writer's lock
+        held: it takes what that commit has to tell and returns what tells it (or None). The
+        writer calls that once the commit is durable, just before the batch's callers hear
+        back: at once, or with the WAL-sync barrier once the covering sync has completed (on
+        the loop; for `run_sync`, on its thread after its sync). After a failed sync, never:
+        no one hears of a commit that a power cut could still take back."""
+        self._after_commit.append(collect)
 
     async def run(self, job: Callable[[SqliteBackend], T]) -> T:
         """Run `job` in the next batch; return its result once that batch is committed (and,
@@ -330,7 +338,7 @@ class Writer:
         delay = RETRY_MIN_S
         while True:
             try:
-                [outcome] = self._execute([job])
+                [outcome], tell = self._execute([job])
             except _Locked:
                 if time.monotonic() >= deadline:
                     raise StorageBusy() from None
@@ -340,6 +348,7 @@ class Writer:
             result, exc = outcome
             if self.syncer is not None:
                 self._sync_here(self._committed)  # covers this job's commit, and any before
+            _tell(tell)
             if exc is not None:
                 raise exc
             return result  # type: ignore[no-any-return]
@@ -348,7 +357,7 @@ class Writer:
         self._flush_scheduled = False
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
         try:
-            outcomes = self._execute([job for job, _, _ in batch])
+            outcomes, tell = self._execute([job for job, _, _ in batch])
         except _Locked:
             self._wait_for_lock(batch)
             return
@@ -356,14 +365,16 @@ class Writer:
         if self._pending:
             self._schedule_flush(0.0)
         if self.syncer is None:
+            _tell(tell)
             self._answer(batch, outcomes)
             return
         if self._sync_failed is not None:  # nothing ran (see _execute); fail the waiting too
             self._fail_sync(self._sync_failed)
             self._answer(batch, outcomes)
             return
-        # Every outcome waits, failures too: a refusal may rest on a commit not yet synced.
-        self._unsynced.append((self._committed, batch, outcomes))
+        # Every outcome waits, failures too: a refusal may rest on a commit not yet synced. So
+        # do the notifications: no long-poll or event stream hears of a commit before that.
+        self._unsynced.append((self._committed, batch, outcomes, tell))
         self.syncer.committed(self._committed)
         self._settle()
 
@@ -395,8 +406,8 @@ class Writer:
             err = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(str(exc))
             self._sync_failed = err
         self._durable = -1  # nothing settles as a success from now on
-        while self._unsynced:
-            _, batch, _ = self._unsynced.popleft()
+        while self._unsynced:  # their notifications are dropped: see on_commit
+            _, batch, _, _ = self._unsynced.popleft()
             self._answer(batch, [(None, self._sync_failed)] * len(batch))
         self._release_readers()
 
@@ -406,7 +417,8 @@ class Writer:
             # What a sync for run_sync made durable, whose report went to no loop (or another).
             self._durable = max(self._durable, self.syncer.synced)
         while self._unsynced and self._unsynced[0][0] <= self._durable:
-            _, batch, outcomes = self._unsynced.popleft()
+            _, batch, outcomes, tell = self._unsynced.popleft()
+            _tell(tell)
             self._answer(batch, outcomes)
         if self._readers_waiting:
             self._release_readers()
@@ -465,8 +477,9 @@ class Writer:
             self._schedule_flush(self._retry_delay)
             self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_S)
 
-    def _execute(self, jobs: list[Job]) -> list[Outcome]:
-        """Run `jobs` in one transaction and return each one's outcome after COMMIT.
+    def _execute(self, jobs: list[Job]) -> tuple[list[Outcome], list[Tell]]:
+        """Run `jobs` in one transaction; return each one's outcome after COMMIT, and what the
+        commit has to tell (see `on_commit`).
 
         Savepoints would cost two statements a job, so the batch runs without them: a job that
         fails before writing anything (most failures: a lease check, a missing row) simply
@@ -476,17 +489,17 @@ class Writer:
         outcomes: list[Outcome | None] = [None] * len(jobs)
         todo = list(range(len(jobs)))
         if self._sync_failed is not None:  # see _fail_sync
-            return [(None, self._sync_failed)] * len(jobs)
+            return [(None, self._sync_failed)] * len(jobs), []
+        tell: list[Tell] = []
         with self._lock:
             while todo:
                 todo = self._attempt(jobs, todo, outcomes)
+            done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
+            if any(e is None for _r, e in done):
+                tell = [t for collect in self._after_commit if (t := collect()) is not None]
             if self._conn is not None:
                 self.checkpointer.finish(self._conn)
-        done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
-        if any(e is None for _r, e in done):
-            for callback in self._after_commit:
-                callback()
-        return done
+        return done, tell
 
     def _attempt(
         self, jobs: list[Job], todo: list[int], outcomes: list[Outcome | None]
@@ -549,6 +562,11 @@ class Writer:
         self.batches += 1
         self.jobs += len(todo)
         return []
+
+
+def _tell(tell: list[Tell]) -> None:
+    for t in tell:
+        t()
 
 
 class Readers:
@@ -615,7 +633,7 @@ class SqliteDatabase:
         self.writer = Writer(path, durability)
         self.readers = Readers(path, max(1, readers))
         self._notifier = LocalNotifier()
-        self.writer.on_commit(self._notifier.deliver)
+        self.writer.on_commit(self._notifier.collect)
 
     @property
     def notifier(self) -> LocalNotifier:
