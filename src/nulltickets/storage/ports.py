@@ -41,7 +41,8 @@ class StorageStats:
     figures: numbers by name (SQLite: writer_batches, writer_jobs, wal_checkpoints,
     wal_checkpoints_forced, wal_bytes; PostgreSQL: retries).
     histograms: by name, what each observation measured: commit_duration_seconds (each
-    COMMIT: SQLite's group-commit batch, PostgreSQL's unit of work), and on SQLite
+    COMMIT: SQLite's group-commit batch, without the WAL sync that durability `full` makes on
+    a thread of its own; PostgreSQL's unit of work), and on SQLite
     checkpoint_duration_seconds (each WAL checkpoint) and writer_batch_size (writes per
     committed batch). A backend leaves out what it does not have.
     """
