@@ -627,13 +627,12 @@ class Tracker:
             run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
         )
         checkpoint = msgspec.Raw(checkpoint_json if checkpoint_json is not None else b"null")
-        claimed = ClaimedTask(
-            **msgspec.structs.asdict(task),
-            available_transitions=self._available(b, task),
-            checkpoint=checkpoint,
-            fence=fence,
-            previous_failures=b.previous_failures(task.id) if attempt > 1 else [],
-        )
+        claimed = ClaimedTask(*msgspec.structs.astuple(task))  # the Task's fields, then:
+        claimed.available_transitions = self._available(b, task)
+        claimed.checkpoint = checkpoint
+        claimed.fence = fence
+        if attempt > 1:
+            claimed.previous_failures = b.previous_failures(task.id)
         return ClaimResult(claimed, run, lease_id, token, expires, fence)
 
     def _full_pairs(self, b: Backend, role: str) -> list[tuple[str, str]]:

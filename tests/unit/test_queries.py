@@ -1,14 +1,53 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import apsw
+import apsw.ext
 import pytest
 
-from nulltickets.storage.queries import parse_queries
-from nulltickets.storage.sqlite.backend import Q
+from nulltickets.storage.queries import parameter_names, parse_queries
+from nulltickets.storage.sqlite import connection
+from nulltickets.storage.sqlite.backend import ARGS, Q
 
 
-def test_blocks_are_split_by_header_and_keep_their_comments() -> None:
-    q = parse_queries("-- one --\n-- says what\nSELECT 1;\n\n-- two --\nSELECT 2;\n")
-    assert q == {"one": "-- says what\nSELECT 1;", "two": "SELECT 2;"}
+def test_blocks_are_split_by_header_and_lose_their_comments_and_indentation() -> None:
+    q = parse_queries(
+        "-- one --\n-- says what\nSELECT 1,  -- the first\n    2;\n\n-- two --\nSELECT 2;\n"
+    )
+    assert q == {"one": "SELECT 1,\n2;", "two": "SELECT 2;"}
+
+
+def test_what_looks_like_a_comment_inside_a_literal_or_identifier_stays() -> None:
+    sql = "-- q --\nSELECT '-- not a comment', \"odd -- name\", 'it''s -- kept'\nFROM t;\n"
+    assert parse_queries(sql)["q"] == (
+        "SELECT '-- not a comment', \"odd -- name\", 'it''s -- kept'\nFROM t;"
+    )
+
+
+def test_a_literal_spanning_lines_keeps_its_lines_as_written() -> None:
+    sql = "-- q --\nSELECT 'one\n    -- two\n  three', 1\n    FROM t;\n"
+    assert parse_queries(sql)["q"] == "SELECT 'one\n    -- two\n  three', 1\nFROM t;"
+
+
+def test_parameter_names_come_in_order_of_first_use_each_once() -> None:
+    sql = "SELECT :b, ':x', \"y :z\", :a FROM t WHERE c = :b AND d = :c_1"
+    assert parameter_names(sql) == ("b", "a", "c_1")
+
+
+def test_every_sqlite_query_binds_by_position_as_sqlite_numbers_its_parameters(
+    tmp_path: Path,
+) -> None:
+    conn = connection.connect_writer(str(tmp_path / "q.db"), "normal")
+    connection.migrate(conn)
+    try:
+        for name, sql in Q.items():
+            info = apsw.ext.query_info(conn, sql)
+            assert parameter_names(sql) == tuple(info.bindings_names), name
+            params = {p: f"<{p}>" for p in info.bindings_names}
+            assert ARGS[name](params) == tuple(params[p] for p in info.bindings_names), name
+    finally:
+        conn.close()
 
 
 def test_a_name_defined_twice_is_an_error() -> None:
@@ -32,7 +71,6 @@ def test_pyformat_leaves_casts_literals_identifiers_and_comments_alone() -> None
         "FROM t WHERE y = :y;\n"
     )
     assert parse_queries(sql, "pyformat")["q"] == (
-        "-- reads :nothing here, 100%% sure\n"
         "SELECT %(v)s::jsonb, '{}'::jsonb, 'a :b c', \"odd :col\", x::text, 'it''s :x'\n"
         "FROM t WHERE y = %(y)s;"
     )

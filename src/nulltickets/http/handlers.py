@@ -110,15 +110,17 @@ class Context:
 
 Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)
 
-STATUS = {Kind.CREATED: 201, Kind.OK: 200, Kind.EMPTY: 204}
 NO_CONTENT = Reply(204, b"")
 
 
 def answer(outcome: Outcome[Any]) -> Reply:
-    """The response to a write's outcome, and the answer its idempotency record keeps."""
-    if outcome.kind is Kind.EMPTY:
+    """The response to a write's outcome, and the answer its idempotency record keeps: 201
+    for CREATED, 200 for OK, 204 for EMPTY. (By identity: an Enum member's hash is Python code,
+    and this runs for every write.)"""
+    kind = outcome.kind
+    if kind is Kind.EMPTY:
         return NO_CONTENT
-    return Reply(STATUS[outcome.kind], encode(outcome.value))
+    return Reply(201 if kind is Kind.CREATED else 200, encode(outcome.value))
 
 
 def respond(result: Outcome[Any] | Recorded) -> Reply:

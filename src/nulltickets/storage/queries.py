@@ -4,13 +4,18 @@ A block starts with a line `-- name --`; following comment lines describe it; th
 runs to the next block header. Parameters are written `:name` in every file; for psycopg
 (paramstyle "pyformat") they become `%(name)s` and a literal `%` becomes `%%`, outside string
 literals, quoted identifiers and comments (`::type` casts stay as they are).
+
+The comments are for readers of the file: the statement a driver gets has none, nor any
+indentation or empty line. apsw finds a prepared statement by hashing and comparing its whole
+text on every execute, and psycopg sends the whole text each time, so what only a reader needs
+stays in the file (the claim cycle's statements were about half comments and indentation).
 """
 
 from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import Literal, LiteralString, cast
+from typing import Literal, LiteralString
 
 Paramstyle = Literal["named", "pyformat"]
 
@@ -29,6 +34,34 @@ _TOKEN = re.compile(
 )
 
 
+# What may hold `--` without starting a comment (kept, group 1), then a comment.
+_COMMENT = re.compile(
+    r"""('(?:[^']|'')*'"""  # string literal
+    r'''|"(?:[^"]|"")*"'''  # quoted identifier
+    r"|\$\$.*?\$\$)"  # dollar-quoted body
+    r"|--[^\n]*",  # comment
+    re.DOTALL,
+)
+# Single quotes that neither open nor close a literal: doubled ones, those in quoted identifiers.
+_NOT_QUOTES = re.compile(r"''|\"(?:[^\"]|\"\")*\"")
+
+
+def _compact(sql: str) -> str:
+    """`sql` without comments, indentation, trailing blanks or empty lines. Line breaks stay
+    (no two tokens are joined), and lines inside a literal that spans lines stay as written."""
+    kept = _COMMENT.sub(lambda m: m.group(1) or "", sql)
+    lines: list[str] = []
+    inside = False  # within a string literal that spans lines
+    for line in kept.split("\n"):
+        if inside:
+            lines.append(line)
+        elif stripped := line.strip():
+            lines.append(stripped)
+        if _NOT_QUOTES.sub("", line).count("'") % 2:
+            inside = not inside
+    return "\n".join(lines)
+
+
 def _pyformat(sql: str) -> str:
     def replace(match: re.Match[str]) -> str:
         token, name = match.group(0), match.group(1)
@@ -45,10 +78,10 @@ def parse_queries(text: str, paramstyle: Paramstyle = "named") -> dict[str, Lite
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
-        sql = body.strip()
+        sql = _compact(body)
         if paramstyle == "pyformat":
             sql = _pyformat(sql)
-        queries[name] = cast(LiteralString, sql)
+        queries[name] = sql  # text of our own files, never built from input
     return queries
 
 
@@ -57,3 +90,14 @@ def load_queries(
 ) -> dict[str, LiteralString]:
     text = resources.files(package).joinpath(filename).read_text("utf-8")
     return parse_queries(text, paramstyle)
+
+
+def parameter_names(sql: str) -> tuple[str, ...]:
+    """The `:name` parameters of `sql` in the order of their first appearance, each once:
+    the order in which SQLite numbers them, so their values can be bound by position."""
+    names: dict[str, None] = {}
+    for match in _TOKEN.finditer(sql):
+        name = match.group(1)
+        if name is not None:
+            names.setdefault(name)
+    return tuple(names)

@@ -10,17 +10,34 @@ data enforces becomes the contract's error (apsw.ConstraintError never leaves st
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import apsw
 
 from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
-from nulltickets.storage.queries import load_queries
+from nulltickets.storage.queries import load_queries, parameter_names
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.search import fts_query
 
 Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
+
+
+def _positional(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What turns a query's parameters into its values by position. apsw binds a dict by name:
+    for each parameter it makes the name a str and looks it up, which cost more than running
+    the claim cycle's short statements (measured under callgrind); a tuple it binds directly."""
+    if not names:
+        return lambda params: ()
+    if len(names) == 1:
+        (only,) = names
+        return lambda params: (params[only],)
+    return itemgetter(*names)
+
+
+# Each query's parameters by position, in the order SQLite numbers them.
+ARGS = {name: _positional(parameter_names(sql)) for name, sql in Q.items()}
 
 
 class SqliteBackend(Backend):
@@ -31,20 +48,20 @@ class SqliteBackend(Backend):
         self.conn = conn
 
     def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.conn.execute(Q[name], params or {}).fetchall()
+        return self.conn.execute(Q[name], ARGS[name](params or {})).fetchall()
 
     def _one(self, name: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
-        for row in self.conn.execute(Q[name], params):
+        for row in self.conn.execute(Q[name], ARGS[name](params)):
             return row  # type: ignore[no-any-return]
         return None
 
     def _exec(self, name: str, params: dict[str, Any]) -> int:
-        self.conn.execute(Q[name], params)
+        self.conn.execute(Q[name], ARGS[name](params))
         changes: int = self.conn.changes()
         return changes
 
     def _insert(self, name: str, params: dict[str, Any]) -> int:
-        self.conn.execute(Q[name], params)
+        self.conn.execute(Q[name], ARGS[name](params))
         return int(self.conn.last_insert_rowid())
 
     def _search_text(self, terms: Sequence[str]) -> str:
