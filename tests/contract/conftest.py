@@ -2,8 +2,10 @@
 
 A backend is a function giving a fresh, empty database target (what `--db` takes) for one
 test. The suite opens it through storage.factory, so it sees only the storage ports. Every
-contract test runs on each backend in BACKENDS: SQLite (a file of the test's own) and
-PostgreSQL (a new database of the session's own cluster, tests/conftest.py).
+contract test runs on each backend in BACKENDS: SQLite (a file of the test's own), with
+durability `normal` and with `full` (whose writer answers and notifies only after its WAL sync
+thread has synced the commit), and PostgreSQL (a new database of the session's own cluster,
+tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -38,24 +40,32 @@ def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
     "sqlite": sqlite,
+    "sqlite-full": sqlite,
     "postgresql": postgresql,
 }
+DURABILITY = {"sqlite-full": "full"}  # else "normal"
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database of each backend, as `--db` names it."""
-    return BACKENDS[request.param](request, tmp_path)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def opened(database_url: str) -> Iterator[Callable[[], Database]]:
+def database_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    """A fresh database of each backend, as `--db` names it."""
+    return BACKENDS[backend](request, tmp_path)
+
+
+@pytest.fixture
+def opened(backend: str, database_url: str) -> Iterator[Callable[[], Database]]:
     """Open more databases on the same target (more servers on one database); all are closed
     at the end of the test."""
     databases: list[Database] = []
+    durability = DURABILITY.get(backend, "normal")
 
     def open_one() -> Database:
-        database = open_database(database_url, durability="normal")
+        database = open_database(database_url, durability=durability)
         databases.append(database)
         return database
 

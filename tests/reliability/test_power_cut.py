@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from nulltickets.storage.sqlite import walsync
 from nulltickets.storage.sqlite.connection import TEST_POWERCUT_VFS
 from tests.conftest import wait_for
 from tests.fixtures.reference import CRASHED, FINISHED, WAITING, build_reference_db
@@ -382,6 +383,36 @@ def test_a_disk_that_ignores_xsync_is_caught_losing_acknowledged_writes(
     row.tried = len(outcome.cuts)
     assert outcome.health["integrity"] == ["ok"], outcome.health
     assert len(outcome.lost) > 0, "a lying disk lost nothing: the harness cannot see losses"
+    row.detail = (
+        f"{len(outcome.lost)} of {outcome.checked} acknowledged answers reported lost "
+        f"after {len(outcome.cuts)} cuts; seed {seed}"
+    )
+    row.extra.update(lost=len(outcome.lost), acknowledged=outcome.checked, seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_durability_full_without_its_wal_sync_is_caught_losing_acknowledged_writes(
+    tmp_path: Path, record: Recorder
+) -> None:
+    """The same fault check for the writer's own barrier: with durability full the commits
+    themselves do not sync (synchronous=NORMAL), the writer's WAL sync thread does. A VFS that
+    ignores xSync from that thread only (every sync SQLite makes itself still works) must make
+    the suite report losses, or the zero above would not prove that the barrier is what keeps
+    the answered writes."""
+    row = record(
+        "power cut",
+        "fault check: durability full with its WAL sync made a no-op (a VFS that ignores xSync "
+        "from the writer's sync thread only) must report lost acknowledged writes",
+        0,
+        "power cuts",
+    )
+    seed = random.randrange(2**32)
+    base = f"tear,reorder,lying-thread={walsync.THREAD_NAME}"
+    outcome = run_power_cuts(tmp_path, "full", 2, base=base, rng_seed=seed)
+    row.tried = len(outcome.cuts)
+    assert_healthy(outcome)  # what SQLite syncs itself keeps the file sound
+    assert len(outcome.lost) > 0, "without its WAL sync, full lost nothing: it proves nothing"
     row.detail = (
         f"{len(outcome.lost)} of {outcome.checked} acknowledged answers reported lost "
         f"after {len(outcome.cuts)} cuts; seed {seed}"

@@ -41,7 +41,8 @@ class StorageStats:
     figures: numbers by name (SQLite: writer_batches, writer_jobs, wal_checkpoints,
     wal_checkpoints_forced, wal_bytes; PostgreSQL: retries).
     histograms: by name, what each observation measured: commit_duration_seconds (each
-    COMMIT: SQLite's group-commit batch, PostgreSQL's unit of work), and on SQLite
+    COMMIT: SQLite's group-commit batch, without the WAL sync that durability `full` makes on
+    a thread of its own; PostgreSQL's unit of work), and on SQLite
     checkpoint_duration_seconds (each WAL checkpoint) and writer_batch_size (writes per
     committed batch). A backend leaves out what it does not have.
     """
@@ -68,9 +69,11 @@ class Notifier(Protocol):
     """Tells long-polling claims that their role may have work.
 
     The service calls `notify` inside a unit of work; subscribers hear of it after that unit
-    commits, on their event loop. A notification of a unit that rolled back may still be
-    delivered: a wake-up only makes a claim look again, so an extra one costs a query and a
-    missing one would cost a wait. PostgreSQL: `notify` is a `pg_notify` on the unit's own
+    commits, on their event loop, and no sooner than the commit is as durable as the unit's
+    own answer promises (SQLite with durability `full`: after the WAL sync that covers it). A
+    notification of a unit that rolled back may still be delivered: a wake-up only makes a
+    claim look again, so an extra one costs a query and a missing one would cost a wait.
+    PostgreSQL: `notify` is a `pg_notify` on the unit's own
     connection (so it is sent at commit), and one LISTEN connection per process calls the
     subscribers.
     """

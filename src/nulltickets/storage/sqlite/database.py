@@ -15,6 +15,12 @@ pool (apsw releases the GIL inside SQLite), each job inside one read transaction
 WAL checkpoints run on a thread of their own (`Checkpointer`), not inside the commit that
 crosses the threshold as SQLite would do by default: a checkpoint's two fsyncs would otherwise
 stop every request for several milliseconds.
+
+With durability `full` the commit's own fsync is off the loop's thread too: the connection
+commits with synchronous=NORMAL and a thread of its own syncs the WAL (`walsync.py`); a batch's
+callers hear back only once a sync that began after its COMMIT has completed, and so do the
+long-polls and event streams its notifications wake (`on_commit`). Meanwhile the loop reads,
+decides and commits the next batches, which the next sync covers all at once.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,7 +42,7 @@ import apsw
 from nulltickets.domain.stats import BATCH_SIZES, CHECKPOINT_SECONDS, COMMIT_SECONDS, Histogram
 from nulltickets.errors import StorageBusy, StorageFull, StorageReadOnly, StorageUnavailable
 from nulltickets.storage.ports import Capabilities, StorageStats
-from nulltickets.storage.sqlite import connection
+from nulltickets.storage.sqlite import connection, walsync
 from nulltickets.storage.sqlite.backend import SqliteBackend
 from nulltickets.storage.sqlite.notifier import LocalNotifier
 
@@ -46,6 +53,9 @@ RETRY_MIN_S = 0.01  # first wait for another process's write lock; doubles up to
 RETRY_MAX_S = 0.2
 Job = Callable[[SqliteBackend], Any]
 Outcome = tuple[Any, BaseException | None]
+Entry = tuple[Job, "asyncio.Future[Any]", float]  # a pending job, its caller's future, when
+# What a commit has to tell (its notifications), told once the commit is durable.
+Tell = Callable[[], None]
 
 
 def storage_error(exc: BaseException, system_errno: int | None = None) -> BaseException:
@@ -207,26 +217,42 @@ class Writer:
         self.max_batch = max_batch
         self._conn: apsw.Connection | None = None
         self._lock = threading.Lock()
-        self._pending: list[tuple[Job, asyncio.Future[Any], float]] = []
+        self._pending: list[Entry] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_scheduled = False
         self._retry_delay = RETRY_MIN_S
         self.busy_timeout_s = connection.BUSY_TIMEOUT_MS / 1000
-        self._after_commit: list[Callable[[], None]] = []
+        self._after_commit: list[Callable[[], Tell | None]] = []
         self.checkpointer = Checkpointer(path, durability)
         self.batches = 0
         self.jobs = 0
         # Observed under self._lock, but read by /metrics on the loop's thread: shared.
         self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)
         self.batch_sizes = Histogram(BATCH_SIZES, shared=True)
+        # Durability `full` off the loop's thread (see the module's text): commits are numbered;
+        # a batch waits in `_unsynced` with the number of the last commit it may depend on
+        # until a WAL sync that began after that commit has completed (`_durable`).
+        self.syncer: walsync.WalSyncer | None = None
+        self._committed = 0
+        self._durable = 0
+        self._unsynced: deque[tuple[int, list[Entry], list[Outcome], list[Tell]]] = deque()
+        self._sync_failed: BaseException | None = None
+        self._readers_waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     def start(self) -> None:
         self._conn = connection.connect_writer(self.path, self.durability)
-        connection.migrate(self._conn)
+        connection.migrate(self._conn)  # synchronous=FULL still: each migration is on disk
         self._conn.set_busy_timeout(0)  # never wait inside SQLite: see the class docstring
         self._backend = SqliteBackend(self._conn)
         if self.path != ":memory:":
             self.checkpointer.attach(self._conn)
+            if self.durability == "full":
+                wal = walsync.WalFile.of(self._conn)
+                if wal is not None:
+                    self._conn.pragma("synchronous", "NORMAL")
+                    self.syncer = walsync.WalSyncer(wal, self._on_sync)
+                else:  # every commit keeps syncing itself, on the loop's thread
+                    log.info("durability full: the WAL cannot be synced apart from commits here")
 
     def stop(self) -> None:
         """Run every job still pending, then close the connection (checkpointing the WAL)."""
@@ -235,6 +261,19 @@ class Writer:
             self._flush()
             if self._pending:
                 time.sleep(self._retry_delay)
+        syncs = 0
+        if self.syncer is not None:
+            # The loop no longer runs the thread's reports: settle the last batches here.
+            seq = self._committed
+            try:
+                self._sync_here(seq)
+            except StorageUnavailable as exc:
+                self._fail_sync(exc)
+            else:
+                self._synced(seq, None)
+            self.syncer.stop()
+            syncs = self.syncer.wal.syncs
+            self.syncer = None
         self.checkpointer.stop()
         with self._lock:
             if self._conn is not None:
@@ -252,21 +291,46 @@ class Writer:
                 self.checkpointer.passes,
                 self.checkpointer.finishes,
             )
+        if syncs:
+            log.info(
+                "%d WAL syncs off the loop's thread (%.1f jobs per sync)", syncs, self.jobs / syncs
+            )
 
-    def on_commit(self, callback: Callable[[], None]) -> None:
-        """Call `callback` after every commit (on the committing thread)."""
-        self._after_commit.append(callback)
+    def on_commit(self, collect: Callable[[], Tell | None]) -> None:
+        """Call `collect()` after every commit, on the committing thread with the writer's lock
+        held: it takes what that commit has to tell and returns what tells it (or None). The
+        writer calls that once the commit is durable, just before the batch's callers hear
+        back: at once, or with the WAL-sync barrier once the covering sync has completed (on
+        the loop; for `run_sync`, on its thread after its sync). After a failed sync, never:
+        no one hears of a commit that a power cut could still take back."""
+        self._after_commit.append(collect)
 
     async def run(self, job: Callable[[SqliteBackend], T]) -> T:
-        """Run `job` in the next batch; return its result once that batch is committed."""
+        """Run `job` in the next batch; return its result once that batch is committed (and,
+        with durability `full`, synced)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((job, future, time.monotonic()))
+        self._loop = loop
         if not self._flush_scheduled:
-            self._loop = loop
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         return await future
+
+    async def settled(self) -> None:
+        """Return once every commit made so far is on disk: a read that may have seen one is
+        answered only then, so that no answer shows what a power cut could still take back.
+        (After a failed sync, when writes are refused, reads go on without waiting.)"""
+        if self.syncer is None or self._committed <= self._durable or self._sync_failed:
+            return
+        loop = asyncio.get_running_loop()
+        self._loop = loop  # the sync thread's reports come here from now on...
+        seq = self._committed
+        if self.syncer.synced >= seq:  # ...and one that came before (run_sync) is seen here
+            return
+        future: asyncio.Future[None] = loop.create_future()
+        self._readers_waiting.append((seq, future))
+        await future
 
     def run_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         """Run `job` in a transaction of its own, from any thread."""
@@ -274,7 +338,7 @@ class Writer:
         delay = RETRY_MIN_S
         while True:
             try:
-                [outcome] = self._execute([job])
+                [outcome], tell = self._execute([job])
             except _Locked:
                 if time.monotonic() >= deadline:
                     raise StorageBusy() from None
@@ -282,6 +346,9 @@ class Writer:
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             result, exc = outcome
+            if self.syncer is not None:
+                self._sync_here(self._committed)  # covers this job's commit, and any before
+            _tell(tell)
             if exc is not None:
                 raise exc
             return result  # type: ignore[no-any-return]
@@ -290,13 +357,92 @@ class Writer:
         self._flush_scheduled = False
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
         try:
-            outcomes = self._execute([job for job, _, _ in batch])
+            outcomes, tell = self._execute([job for job, _, _ in batch])
         except _Locked:
             self._wait_for_lock(batch)
             return
         self._retry_delay = RETRY_MIN_S
         if self._pending:
             self._schedule_flush(0.0)
+        if self.syncer is None:
+            _tell(tell)
+            self._answer(batch, outcomes)
+            return
+        if self._sync_failed is not None:  # nothing ran (see _execute); fail the waiting too
+            self._fail_sync(self._sync_failed)
+            self._answer(batch, outcomes)
+            return
+        # Every outcome waits, failures too: a refusal may rest on a commit not yet synced. So
+        # do the notifications: no long-poll or event stream hears of a commit before that.
+        self._unsynced.append((self._committed, batch, outcomes, tell))
+        self.syncer.committed(self._committed)
+        self._settle()
+
+    def _on_sync(self, seq: int, exc: BaseException | None) -> None:
+        """The syncer's report, from its thread: hand it to the loop."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: stop() settles the rest
+            loop.call_soon_threadsafe(self._synced, seq, exc)
+
+    def _synced(self, seq: int, exc: BaseException | None) -> None:
+        """On the loop: commits up to `seq` are on disk, or the sync failed."""
+        if exc is None and self._sync_failed is not None:
+            exc = self._sync_failed  # a sync on another thread failed meanwhile
+        if exc is not None:
+            self._fail_sync(exc)
+        else:
+            self._durable = max(self._durable, seq)
+        self._settle()
+
+    def _fail_sync(self, exc: BaseException) -> None:
+        """A failed sync leaves unknown which committed frames reached the disk, and SQLite
+        recovers a WAL only up to its first bad frame, so no later commit could be promised
+        either: every waiting batch fails, and so does every write until the server restarts
+        (SQLite then recovers what the disk really holds)."""
+        if self._sync_failed is None:
+            log.error("the WAL could not be synced: writes are refused until the server restarts")
+            err = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(str(exc))
+            self._sync_failed = err
+        self._durable = -1  # nothing settles as a success from now on
+        while self._unsynced:  # their notifications are dropped: see on_commit
+            _, batch, _, _ = self._unsynced.popleft()
+            self._answer(batch, [(None, self._sync_failed)] * len(batch))
+        self._release_readers()
+
+    def _settle(self) -> None:
+        """Answer the batches whose commits are on disk, in commit order."""
+        if self.syncer is not None and self._sync_failed is None:
+            # What a sync for run_sync made durable, whose report went to no loop (or another).
+            self._durable = max(self._durable, self.syncer.synced)
+        while self._unsynced and self._unsynced[0][0] <= self._durable:
+            _, batch, outcomes, tell = self._unsynced.popleft()
+            _tell(tell)
+            self._answer(batch, outcomes)
+        if self._readers_waiting:
+            self._release_readers()
+
+    def _release_readers(self) -> None:
+        waiting = self._readers_waiting
+        while waiting and (waiting[0][0] <= self._durable or self._sync_failed is not None):
+            _, future = waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def _sync_here(self, seq: int) -> None:
+        """Off the loop (run_sync: any thread; stop): block until commits up to `seq` are on
+        disk. Raises StorageUnavailable."""
+        assert self.syncer is not None
+        if self._sync_failed is not None:
+            raise self._sync_failed
+        try:
+            self.syncer.sync_through(seq)
+        except StorageUnavailable as exc:
+            self._sync_failed = exc  # the loop fails its waiting batches at the next report
+            raise
+
+    def _answer(self, batch: list[Entry], outcomes: list[Outcome]) -> None:
         for (_, future, _), (result, exc) in zip(batch, outcomes, strict=True):
             if future.done():  # the request was cancelled (client went away); the write stands
                 continue
@@ -314,7 +460,7 @@ class Writer:
         else:
             self._loop.call_soon(self._flush)
 
-    def _wait_for_lock(self, batch: list[tuple[Job, asyncio.Future[Any], float]]) -> None:
+    def _wait_for_lock(self, batch: list[Entry]) -> None:
         """The database is locked: give up on jobs older than the busy timeout, put the others
         back in front, and try again a little later."""
         now = time.monotonic()
@@ -331,8 +477,9 @@ class Writer:
             self._schedule_flush(self._retry_delay)
             self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_S)
 
-    def _execute(self, jobs: list[Job]) -> list[Outcome]:
-        """Run `jobs` in one transaction and return each one's outcome after COMMIT.
+    def _execute(self, jobs: list[Job]) -> tuple[list[Outcome], list[Tell]]:
+        """Run `jobs` in one transaction; return each one's outcome after COMMIT, and what the
+        commit has to tell (see `on_commit`).
 
         Savepoints would cost two statements a job, so the batch runs without them: a job that
         fails before writing anything (most failures: a lease check, a missing row) simply
@@ -341,16 +488,18 @@ class Writer:
         """
         outcomes: list[Outcome | None] = [None] * len(jobs)
         todo = list(range(len(jobs)))
+        if self._sync_failed is not None:  # see _fail_sync
+            return [(None, self._sync_failed)] * len(jobs), []
+        tell: list[Tell] = []
         with self._lock:
             while todo:
                 todo = self._attempt(jobs, todo, outcomes)
+            done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
+            if any(e is None for _r, e in done):
+                tell = [t for collect in self._after_commit if (t := collect()) is not None]
             if self._conn is not None:
                 self.checkpointer.finish(self._conn)
-        done = [o if o is not None else (None, StorageBusy()) for o in outcomes]
-        if any(e is None for _r, e in done):
-            for callback in self._after_commit:
-                callback()
-        return done
+        return done, tell
 
     def _attempt(
         self, jobs: list[Job], todo: list[int], outcomes: list[Outcome | None]
@@ -409,9 +558,15 @@ class Writer:
             outcomes[i] = (result, None)
         self.commit_durations.observe(time.perf_counter() - started)
         self.batch_sizes.observe(len(todo))
+        self._committed += 1
         self.batches += 1
         self.jobs += len(todo)
         return []
+
+
+def _tell(tell: list[Tell]) -> None:
+    for t in tell:
+        t()
 
 
 class Readers:
@@ -478,7 +633,7 @@ class SqliteDatabase:
         self.writer = Writer(path, durability)
         self.readers = Readers(path, max(1, readers))
         self._notifier = LocalNotifier()
-        self.writer.on_commit(self._notifier.deliver)
+        self.writer.on_commit(self._notifier.collect)
 
     @property
     def notifier(self) -> LocalNotifier:
@@ -530,7 +685,9 @@ class SqliteDatabase:
         return self.writer.run_sync(job)
 
     async def read(self, job: Callable[[SqliteBackend], T]) -> T:
-        return await self.readers.read(job)
+        result = await self.readers.read(job)
+        await self.writer.settled()  # what it read is on disk before anyone hears of it
+        return result
 
     def read_sync(self, job: Callable[[SqliteBackend], T]) -> T:
         return self.readers.run(job)

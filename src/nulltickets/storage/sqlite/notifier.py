@@ -1,17 +1,19 @@
 """Notifications inside one process: what the writer's commits tell this process's long-polls.
 
 SQLite has one writer per database file, in this process, so every commit that matters is
-seen here: `notify` collects (role, at_ms) during a batch and the writer's after-commit hook
-hands them to the subscribers. While no claim is long-polling, a "work now" notification has
-nobody to wake (every later claim reads the committed state first) and is dropped at once,
-and `listening` lets the service skip the lookups it would need: measured, that keeps a
-transition at its cost without long-polls.
+seen here: `notify` collects (role, at_ms) during a batch, the writer takes them at its commit
+(`collect`) and hands them to the subscribers once that commit is durable (with durability
+`full`, after the WAL sync that covers it, together with the batch's answers). While no claim
+is long-polling, a "work now" notification has nobody to wake (every later claim reads the
+committed state first) and is dropped at once, and `listening` lets the service skip the
+lookups it would need: measured, that keeps a transition at its cost without long-polls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 from nulltickets.storage.backend import Backend
@@ -58,32 +60,43 @@ class LocalNotifier:
         finally:
             self._waiting -= 1
 
-    def deliver(self) -> None:
-        """After a commit, on the committing thread: hand the collected notifications over,
-        on each subscriber's loop (directly when that is the loop running here); then tell
-        the `on_commit` callbacks, every time."""
+    def collect(self) -> Callable[[], None] | None:
+        """After a commit, on the committing thread (the writer's lock held, so that a batch's
+        notifications stay its own): take the notifications collected during it and the
+        `on_commit` callbacks that want it. Returns what hands them over, which the writer
+        calls once that commit is durable, or None when there is nothing to hand over."""
         hooks = [(h, lp) for h, lp, wanted in self._on_commit if wanted is None or wanted()]
         if not self._pending and not hooks:
-            return
+            return None
         pending, self._pending = self._pending, []
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        for hook, hook_loop in hooks:
-            if hook_loop is None or hook_loop is here:
-                hook()
-            elif not hook_loop.is_closed():
-                hook_loop.call_soon_threadsafe(hook)
-        if not pending:
-            return
-        for callback, loop in self._subscribers:
-            if loop is None or loop is here:
-                for role, at_ms in pending:
-                    callback(role, at_ms)
-            elif not loop.is_closed():
-                for role, at_ms in pending:
-                    loop.call_soon_threadsafe(callback, role, at_ms)
+        return functools.partial(_hand_over, pending, hooks, self._subscribers)
+
+
+def _hand_over(
+    pending: list[tuple[str, int]],
+    hooks: list[tuple[Callable[[], None], asyncio.AbstractEventLoop | None]],
+    subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]],
+) -> None:
+    """Tell the `on_commit` callbacks, then hand the notifications over, each on its own loop
+    (directly when that is the loop running here)."""
+    try:
+        here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    for hook, hook_loop in hooks:
+        if hook_loop is None or hook_loop is here:
+            hook()
+        elif not hook_loop.is_closed():
+            hook_loop.call_soon_threadsafe(hook)
+    if not pending:
+        return
+    for callback, loop in subscribers:
+        if loop is None or loop is here:
+            for role, at_ms in pending:
+                callback(role, at_ms)
+        elif not loop.is_closed():
+            for role, at_ms in pending:
+                loop.call_soon_threadsafe(callback, role, at_ms)
 
 
 def _loop_or_running(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop | None:

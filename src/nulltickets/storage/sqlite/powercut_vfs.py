@@ -38,6 +38,8 @@ The switch's value is a comma-separated list of options:
 
     on                   just the model (any value turns the VFS on; "on" says nothing else)
     lying                xSync writes nothing through
+    lying-thread=NAME    xSync writes nothing through when called on the thread named NAME
+                         (e.g. the writer's WAL sync thread: durability full without its barrier)
     tear                 a simulated cut tears the last write that reaches the file
     reorder              a simulated cut applies a random subset of pending writes, in random order
     seed=N               the random choices of simulated cuts
@@ -74,6 +76,7 @@ KINDS = {
 @dataclass
 class Options:
     lying: bool = False
+    lying_thread: str | None = None
     tear: bool = False
     reorder: bool = False
     seed: int | None = None
@@ -94,6 +97,8 @@ class Options:
                 opts.seed = int(value)
             elif key == "cut-file":
                 opts.cut_file = value
+            elif key == "lying-thread":
+                opts.lying_thread = value
             elif key == "report":
                 opts.report = value
             elif key == "cut-at":
@@ -240,7 +245,7 @@ class PowercutFile(apsw.VFSFile):
         with self.vfs.lock:
             self.vfs.check_cut_file()
             self.vfs.syncs += 1
-            if not (self.vfs.options.lying or self.vfs.dead):
+            if not (self.vfs.options.lying or self.vfs.dead or self.vfs.lies_here()):
                 self.overlay.flush(self)
 
     def xDeviceCharacteristics(self) -> int:
@@ -272,6 +277,10 @@ class PowercutVFS(apsw.VFS):
         self.dead = False  # after simulate_cut in a process that goes on: no I/O reaches a file
         self.rng = random.Random(options.seed)
         super().__init__(name, "")
+
+    def lies_here(self) -> bool:
+        thread = self.options.lying_thread
+        return thread is not None and threading.current_thread().name == thread
 
     def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
         return PowercutFile(self, name, flags)
