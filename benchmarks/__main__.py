@@ -2,7 +2,8 @@
 
 Sections (--sections picks some, comma-separated; all by default):
   cycle       HTTP agent cycle (claim -> event -> transition) on SQLite at 1, 4, 16, 64 agents
-  durability  the same cycle at 16 agents with synchronous=FULL and NORMAL
+  durability  the same cycle at 16 and 64 agents with --durability full and normal, their runs
+              interleaved, and full's cycles/s over normal's
   postgres    the cycle on PostgreSQL at 16 and 64 agents: one server, and two servers on one
               database with the agents split across them (a throwaway cluster of its own)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
@@ -183,12 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
 
         if "durability" in sections:
-            print("Durability", flush=True)
-            dur_agents = 4 if quick else 16
-            results["durability"] = {
-                d: cycle_rounds(work, dur_agents, tasks_for(dur_agents), d, rounds)
-                for d in ("full", "normal")
-            }
+            print("Durability full and normal, interleaved runs", flush=True)
+            results["durability"], results["durability_ratio"] = durability_rows(
+                work, (4,) if quick else (16, 64), tasks_for, rounds
+            )
 
         if "postgres" in sections:
             print("PostgreSQL: one server, and two on one database", flush=True)
@@ -264,6 +263,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def durability_rows(
+    work: Path, agents_list: tuple[int, ...], tasks_for: Any, rounds: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The cycle with `full` and with `normal` at each number of agents, their runs alternating
+    (full, normal, full, ...) so that the machine's drift falls on both alike; the rows (by
+    "AGENTS/DURABILITY") and, per number of agents, full's cycles/s over normal's."""
+    rows: dict[str, dict[str, Any]] = {}
+    ratios = []
+    for agents in agents_list:
+        runs: dict[str, list[dict[str, Any]]] = {"full": [], "normal": []}
+        for _ in range(rounds):
+            for durability in runs:
+                runs[durability].append(cycle(work, agents, tasks_for(agents), durability))
+        for durability, done in runs.items():
+            rows[f"{agents}/{durability}"] = median_run(done)
+        full, normal = rows[f"{agents}/full"], rows[f"{agents}/normal"]
+        ratio = round(full["cycles_per_s"] / normal["cycles_per_s"], 3)
+        ratios.append(
+            {
+                "agents": agents,
+                "full_cycles_per_s": full["cycles_per_s"],
+                "normal_cycles_per_s": normal["cycles_per_s"],
+                "full_over_normal": ratio,
+                "full_claim_p99_ms": full["latency_ms"]["claim"]["p99"],
+            }
+        )
+        print(
+            f"  {agents:>3} agents: full {full['cycles_per_s']:>8.0f}, normal "
+            f"{normal['cycles_per_s']:>8.0f} cycles/s (full/normal {ratio}), full claim p99 "
+            f"{full['latency_ms']['claim']['p99']:.2f} ms",
+            flush=True,
+        )
+    return rows, ratios
+
+
 def cycle_row(c: dict[str, Any]) -> str:
     """One row of the cycle table: a measured run, or what kept it from being measured."""
     engine = c.get("engine", "sqlite")
@@ -307,6 +341,13 @@ def render(r: dict[str, Any]) -> str:
             "split across them; their CPU is the sum, their RSS the larger."
             if rounds > 1
             else "\nEach row is one run (a fresh server and database)."
+        )
+    if r.get("durability_ratio"):
+        lines.append(
+            "\nfull over normal (interleaved runs): "
+            + ", ".join(
+                f"{x['agents']} agents {x['full_over_normal']}" for x in r["durability_ratio"]
+            )
         )
     if "baseline" in r:
         from benchmarks.baseline import render as render_baseline

@@ -103,6 +103,43 @@ def test_postgresql_rows_sit_in_the_sqlite_table_with_their_server_count() -> No
     ]
 
 
+def test_durability_rows_sit_in_the_table_with_full_over_normal_per_agent_count() -> None:
+    def dur(rate: float, durability: str, agents: int) -> dict[str, Any]:
+        return {**row(rate, agents=agents), "durability": durability}
+
+    results = {
+        "machine": {
+            "nulltickets": "x",
+            "core": "compiled",
+            "python": "3.11",
+            "sqlite": "3.51.3",
+            "granian": "2",
+            "cpus": 2,
+            "machine": "x86_64",
+        },
+        "rounds": 3,
+        "durability": {
+            "16/full": dur(900.0, "full", 16),
+            "16/normal": dur(1000.0, "normal", 16),
+            "64/full": dur(1200.0, "full", 64),
+            "64/normal": dur(1250.0, "normal", 64),
+        },
+        "durability_ratio": [
+            {"agents": 16, "full_over_normal": 0.9},
+            {"agents": 64, "full_over_normal": 0.96},
+        ],
+    }
+    lines = render(results).splitlines()
+    body = [li.split(" | ")[2:5] for li in lines if li.startswith("| sqlite")]
+    assert body == [
+        ["16", "full", "900"],
+        ["16", "normal", "1000"],
+        ["64", "full", "1200"],
+        ["64", "normal", "1250"],
+    ]
+    assert "full over normal (interleaved runs): 16 agents 0.9, 64 agents 0.96" in lines
+
+
 def test_a_postgresql_that_could_not_start_is_a_row_saying_why() -> None:
     rows = unavailable_rows((16, 64), "no PostgreSQL server found")
     assert [(r["agents"], r["servers"]) for r in rows] == [(16, 1), (16, 2), (64, 1), (64, 2)]
