@@ -17,6 +17,16 @@ from benchmarks.postgres import unavailable_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
+MACHINE = {
+    "nulltickets": "x",
+    "core": "compiled",
+    "python": "3.11",
+    "sqlite": "3.51.3",
+    "granian": "2",
+    "cpus": 2,
+    "machine": "x86_64",
+}
+
 
 def row(
     rate: float, *, engine: str = "sqlite", servers: int = 1, agents: int = 16
@@ -79,16 +89,7 @@ def test_both_sides_run_the_compiled_core_only_when_both_have_it() -> None:
 
 def test_postgresql_rows_sit_in_the_sqlite_table_with_their_server_count() -> None:
     results = {
-        "machine": {
-            "nulltickets": "x",
-            "core": "compiled",
-            "python": "3.11",
-            "sqlite": "3.51.3",
-            "postgresql": "15.18",
-            "granian": "2",
-            "cpus": 2,
-            "machine": "x86_64",
-        },
+        "machine": {**MACHINE, "postgresql": "15.18"},
         "rounds": 3,
         "cycle": [row(3400.0)],
         "postgres": [row(900.0, engine="postgresql"), row(1200.0, engine="postgresql", servers=2)],
@@ -108,15 +109,7 @@ def test_durability_rows_sit_in_the_table_with_full_over_normal_per_agent_count(
         return {**row(rate, agents=agents), "durability": durability}
 
     results = {
-        "machine": {
-            "nulltickets": "x",
-            "core": "compiled",
-            "python": "3.11",
-            "sqlite": "3.51.3",
-            "granian": "2",
-            "cpus": 2,
-            "machine": "x86_64",
-        },
+        "machine": MACHINE,
         "rounds": 3,
         "durability": {
             "16/full": dur(900.0, "full", 16),
