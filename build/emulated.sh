@@ -27,10 +27,11 @@ repo=$PWD
 arch=${1:?usage: build/emulated.sh aarch64|riscv64 [--rootfs-only|--e2e-only]}
 mode=${2:-}
 case $arch in
-    aarch64) deb_arch=arm64 ;;
-    riscv64) deb_arch=riscv64 ;;
+    aarch64) deb_arch=arm64 target_elf="ARM aarch64" rust_target=aarch64-unknown-linux-gnu ;;
+    riscv64) deb_arch=riscv64 target_elf="RISC-V" rust_target=riscv64gc-unknown-linux-gnu ;;
     *) echo "usage: build/emulated.sh aarch64|riscv64" >&2; exit 2 ;;
 esac
+triplet=$arch-linux-gnu
 suite=${NULLTICKETS_EMULATED_SUITE:-trixie}
 mirror=${NULLTICKETS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 work=${NULLTICKETS_EMULATED_DIR:-/var/tmp/nulltickets-emulated}
@@ -50,11 +51,23 @@ AGENT_CONTRACT_TESTS+=" tests/e2e/test_sqlite_report.py"
 
 # ccache: Nuitka compiles through it when it is on PATH; the cache stays in the root filesystem,
 # so a later build recompiles only the modules whose C changed.
-packages="python3 python3-venv python3-dev build-essential patchelf file ca-certificates ccache"
+packages="python3 python3-venv python3-dev patchelf file ca-certificates ccache"
+# The compilers: by default Debian's cross compilers for ARCH, running natively on the host (see
+# cross_toolchain below), so compiling runs at native speed while everything else runs emulated.
+# NULLTICKETS_EMULATED_CC=native installs the target's own gcc (and on riscv64 rustc) instead:
+# every compilation emulated, hours longer.
+cc_mode=${NULLTICKETS_EMULATED_CC:-cross}
+case $cc_mode in
+    cross) packages+=" libc6-dev make" ;;
+    native) packages+=" build-essential" ;;
+    *) echo "NULLTICKETS_EMULATED_CC is cross or native, not $cc_mode" >&2; exit 2 ;;
+esac
 if [ "$arch" = riscv64 ]; then
-    # granian, uvloop, zstandard and msgspec have no riscv64 wheels: cargo for granian,
-    # autotools for uvloop's bundled libuv.
-    packages+=" rustc cargo autoconf automake libtool pkg-config"
+    # granian, uvloop and zstandard have no riscv64 wheels: cargo for granian, autotools for
+    # uvloop's bundled libuv. rustc and cargo are the target's own when every compiler is, else
+    # the host's (cross_toolchain).
+    packages+=" autoconf automake libtool pkg-config"
+    if [ "$cc_mode" = native ]; then packages+=" rustc cargo"; fi
 fi
 
 script_started=$(date +%s)
@@ -149,6 +162,87 @@ packages() {
         && python3 --version && { cargo --version 2>/dev/null || true; }"
 }
 
+# The cross toolchain (cc_mode cross): Debian's cross compilers for the target, which run on
+# the host, in a root filesystem of the host's own architecture ($work/toolchain-amd64, made by
+# debootstrap natively in seconds and shared by every target). Mounted into the target's root
+# filesystem at /opt/cross, with the host's libraries at their multiarch path
+# (/usr/lib/x86_64-linux-gnu, where the target has nothing) and the host's dynamic loader, its
+# programs run there natively. The cross gcc looks for the target's headers and libraries under
+# its own prefix (Debian's *-cross packages of the same glibc) and then at the target's
+# multiarch paths (/usr/include/TRIPLET, /usr/lib/TRIPLET), which in the target's root
+# filesystem hold its own packages (Python's headers and libpython among them), so it makes
+# what the target's own gcc would. gcc, cc and TRIPLET-gcc (the name in Python's build
+# configuration, which setuptools calls) in /usr/local/bin point at it. On riscv64, granian is
+# Rust: the host's rustc and cargo with the target's standard library (libstd-rust-dev:riscv64),
+# and release() points cargo at the target; build scripts and procedural macros are built for
+# the host and run natively. Only the compilers run natively: Python, pip, maturin, Nuitka's own
+# work, the binary and its tests all run under QEMU.
+toolchain=$work/toolchain-amd64
+cross_packages() {
+    local list="gcc-$triplet g++-$triplet"
+    if [ "$arch" = riscv64 ]; then
+        list+=" rustc cargo gcc libc6-dev libstd-rust-dev:$deb_arch"
+    fi
+    echo "$list"
+}
+
+cross_toolchain() {
+    [ "$(uname -m)" = x86_64 ] \
+        || { echo "the cross toolchain needs an x86_64 host (NULLTICKETS_EMULATED_CC=native)" >&2; exit 1; }
+    if ! [ -e "$toolchain/.nulltickets-rootfs-done" ]; then
+        rm -rf "$toolchain"
+        debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+            --include=ca-certificates "$suite" "$toolchain" "$mirror"
+        echo "$suite amd64 $(date -u +%FT%TZ)" > "$toolchain/.nulltickets-rootfs-done"
+    fi
+    cp /etc/resolv.conf "$toolchain/etc/resolv.conf"
+    local tca=/etc/ssl/certs/ca-certificates.crt
+    if [ -f "$host_ca" ]; then
+        mkdir -p "$toolchain/etc/ssl"
+        cp "$host_ca" "$toolchain/etc/ssl/host-ca-certificates.crt"
+        tca=/etc/ssl/host-ca-certificates.crt
+    fi
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+        DEBIAN_FRONTEND=noninteractive SSL_CERT_FILE="$tca" \
+        chroot "$toolchain" bash -euo pipefail -c "dpkg --add-architecture $deb_arch \
+            && apt-get update -qq \
+            && apt-get install -y -qq --no-install-recommends $(cross_packages)"
+}
+
+cross_mounts() {
+    mkdir -p "$root/opt/cross" "$root/usr/lib/x86_64-linux-gnu" "$root/usr/lib64"
+    [ -e "$root/lib64" ] || ln -s usr/lib64 "$root/lib64"
+    mount_into "$toolchain" /opt/cross --bind -o ro
+    mount_into "$toolchain/usr/lib/x86_64-linux-gnu" /usr/lib/x86_64-linux-gnu --bind -o ro
+    mount_into "$toolchain/usr/lib64" /usr/lib64 --bind -o ro
+    local name
+    for name in gcc cc "$triplet-gcc"; do
+        ln -sf "/opt/cross/usr/bin/$triplet-gcc" "$root/usr/local/bin/$name"
+    done
+    for name in g++ c++ "$triplet-g++"; do
+        ln -sf "/opt/cross/usr/bin/$triplet-g++" "$root/usr/local/bin/$name"
+    done
+    if [ "$arch" = riscv64 ]; then
+        for name in rustc cargo x86_64-linux-gnu-gcc; do
+            ln -sf "/opt/cross/usr/bin/$name" "$root/usr/local/bin/$name"
+        done
+    fi
+}
+
+# A program that embeds Python, built with the cross gcc inside the root filesystem, must run
+# there and be the target's; gcc itself must be the host's.
+cross_check() {
+    enter "printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n' \
+            > /tmp/cc-check.c \
+        && gcc \$(python3-config --includes) /tmp/cc-check.c -o /tmp/cc-check \
+            \$(python3-config --ldflags --embed) \
+        && /tmp/cc-check && { rustc --version 2>/dev/null || true; }"
+    file -L "$root$(chroot "$root" readlink -f /usr/local/bin/gcc)" | grep -q "x86-64" \
+        || { echo "gcc in the root filesystem is not the host's" >&2; exit 1; }
+    file "$root/tmp/cc-check" | grep -q "$target_elf" \
+        || { echo "the cross gcc did not make a $arch program" >&2; exit 1; }
+}
+
 copy_source() {
     # The release venv stays: its apsw, built from the sdist under emulation in hours, is
     # reused when it still verifies as ours (build/build_apsw.py); everything else is fresh.
@@ -177,7 +271,18 @@ release() {
     # Emulated start-up is slow (every instruction is translated): the smoke test waits longer.
     # No LTO: gcc's link-time pass over the whole program, emulated, outlasts the compilation
     # itself (measured: still linking after the 150 modules had compiled in 23 minutes).
-    enter "cd /src && bash build/release.sh python3" \
+    local cross_env=()
+    if [ "$cc_mode" = cross ] && [ "$arch" = riscv64 ]; then
+        # cargo builds for the target with the cross gcc as its linker, and for the host (build
+        # scripts, macros) with the host's; pyo3 reads the target Python's configuration.
+        local target_var=${rust_target^^}
+        target_var=${target_var//-/_}
+        cross_env=(CARGO_BUILD_TARGET="$rust_target"
+            "CARGO_TARGET_${target_var}_LINKER=$triplet-gcc"
+            CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc
+            PYO3_CROSS_LIB_DIR=/usr/lib/python3.13)
+    fi
+    enter "cd /src && bash build/release.sh python3" "${cross_env[@]}" \
         NULLTICKETS_FROM_SOURCE="$from_source" \
         NULLTICKETS_SMOKE_ARGS="--timeout 600" \
         NULLTICKETS_BUILD_ARGS="${NULLTICKETS_BUILD_ARGS:---lto=no}"
@@ -199,12 +304,7 @@ output() {
     cp "$root/src/dist/nulltickets-linux-$arch.bin" "$root/src/dist/nulltickets-linux-$arch.bin.build.json" \
         "$repo/dist/"
     file "$repo/dist/nulltickets-linux-$arch.bin"
-    local want
-    case $arch in
-        aarch64) want="ARM aarch64" ;;
-        riscv64) want="RISC-V" ;;
-    esac
-    file "$repo/dist/nulltickets-linux-$arch.bin" | grep -q "ELF 64-bit.*$want" \
+    file "$repo/dist/nulltickets-linux-$arch.bin" | grep -q "ELF 64-bit.*$target_elf" \
         || { echo "dist/nulltickets-linux-$arch.bin is not a $arch ELF" >&2; exit 1; }
     ls -l "$repo/dist/nulltickets-linux-$arch.bin"
 }
@@ -214,6 +314,11 @@ step host-tools host_tools
 step rootfs rootfs
 step mounts mounts
 step packages packages
+if [ "$cc_mode" = cross ]; then
+    step cross-toolchain cross_toolchain
+    step cross-mounts cross_mounts
+    step cross-check cross_check
+fi
 if [ "$mode" = --rootfs-only ]; then
     echo "== done (rootfs only): $(($(date +%s) - script_started)) s"
     exit 0
