@@ -5,11 +5,14 @@ its sdist with vendor/sqlite and build/sqlite-options.txt (what the release bina
     python build/sqlite_compare.py compare WHEEL.json VENDORED.json
 
 `run` makes two virtual environments in DIR (default dist/sqlite-compare) from this
-interpreter, `pip install -e .` in both and build/build_apsw.py in the second, runs
-`python -m benchmarks` in each (wheel first, then vendored) into DIR/wheel.json and
-DIR/vendored.json, and prints the comparison. It takes as long as two `make bench` runs and
-needs the machine to itself. `compare` prints the table for two existing results files (for
-example two `make bench` runs, one after `make binary` replaced .venv's apsw).
+interpreter and `pip install -e .` in both, then build/build_apsw.py in the second. It serves the
+HTTP agent cycle of `make bench` from each in turn (1, 4, 16 and 64 agents with durability
+normal, 16 with full; --quick: 1 and 4, and 4 with full), the two builds' runs alternating round
+by round so that a busy machine's drift falls on both alike, writes DIR/wheel.json and
+DIR/vendored.json (each row the median of its runs) and prints the comparison. Run it with the
+Python of `make install` (.venv/bin/python), which has the benchmark's dependencies. `compare`
+prints the table for two existing results files (for example two `make bench` runs, one after
+`make binary` replaced .venv's apsw).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -83,26 +87,78 @@ def compare(wheel: dict[str, Any], vendored: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SIDES = (("wheel", False), ("vendored", True))
+
+
 def venv(path: Path, vendored: bool) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     py = path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "-e", str(ROOT)], check=True)
+    # The versions `make install` and the releases use (constraints.txt): the wheel side is
+    # then apsw 3.51.3.0's wheel with its bundled SQLite 3.51.3, the same version as ours.
+    pip = [str(py), "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt")]
+    subprocess.run([*pip, "-e", str(ROOT)], check=True)
     if vendored:
         subprocess.run([str(py), str(ROOT / "build" / "build_apsw.py")], check=True, cwd=ROOT)
     return py
 
 
+def sqlite_version(py: Path) -> str:
+    done = subprocess.run(
+        [str(py), "-c", "import apsw; print(apsw.sqlite_lib_version())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
+
+
+def rows_for(quick: bool) -> list[tuple[int, str]]:
+    """(agents, durability) of every row: the cycle rows of `make bench` and `full` at 16."""
+    if quick:
+        return [(1, "normal"), (4, "normal"), (4, "full")]
+    return [(1, "normal"), (4, "normal"), (16, "normal"), (64, "normal"), (16, "full")]
+
+
 def run(folder: Path, quick: bool, rounds: int | None) -> str:
+    """Both builds on the same rows, their runs alternating (wheel, vendored, wheel, ...) so
+    that a busy machine's drift falls on both alike; each row is the median of its runs."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.cycle import cycle, median_run
+
     folder.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for name, vendored in (("wheel", False), ("vendored", True)):
-        py = venv(folder / f"venv-{name}", vendored)
-        cmd = [str(py), "-m", "benchmarks", "--out", str(folder / f"{name}.json")]
-        cmd += ["--quick"] if quick else []
-        cmd += ["--rounds", str(rounds)] if rounds else []
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        out[name] = json.loads((folder / f"{name}.json").read_text())
+    sides = {name: venv(folder / f"venv-{name}", vendored) for name, vendored in SIDES}
+    rounds = max(1, rounds or (1 if quick else 3))
+    out: dict[str, dict[str, Any]] = {
+        name: {"machine": {"sqlite": sqlite_version(py)}, "cycle": [], "durability": {}}
+        for name, py in sides.items()
+    }
+    for agents, durability in rows_for(quick):
+        tasks = max(agents * 20, 200) if quick else min(20_000, max(3_000, agents * 1_500))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+        for _ in range(rounds):
+            for name, py in sides.items():
+                cmd = [str(py), "-m", "nulltickets"]
+                with tempfile.TemporaryDirectory(prefix="sqlite-compare-") as work:
+                    runs[name].append(cycle(Path(work), agents, tasks, durability, cmd=cmd))
+        for name, done in runs.items():
+            row = median_run(done)
+            if durability == "normal":
+                out[name]["cycle"].append(row)
+            else:
+                out[name]["durability"][f"{agents}/{durability}"] = row
+        w, v = (
+            out[name]["durability"].get(f"{agents}/{durability}") or out[name]["cycle"][-1]
+            for name in ("wheel", "vendored")
+        )
+        print(
+            f"  {agents:>3} agents, {durability}: wheel {w['cycles_per_s']:>8.0f}, vendored "
+            f"{v['cycles_per_s']:>8.0f} cycles/s (vendored/wheel "
+            f"{v['cycles_per_s'] / w['cycles_per_s']:.2f})",
+            flush=True,
+        )
+    for name, results in out.items():
+        results["rounds"] = rounds
+        (folder / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     return compare(out["wheel"], out["vendored"])
 
 
