@@ -181,7 +181,8 @@ toolchain=$work/toolchain-amd64
 cross_packages() {
     local list="gcc-$triplet g++-$triplet"
     if [ "$arch" = riscv64 ]; then
-        list+=" rustc cargo gcc libc6-dev libstd-rust-dev:$deb_arch"
+        # librust-pyo3-dev: the crates of cross_check's Rust extension (build/pyo3-check).
+        list+=" rustc cargo gcc libc6-dev libstd-rust-dev:$deb_arch librust-pyo3-dev"
     fi
     echo "$list"
 }
@@ -207,6 +208,16 @@ cross_toolchain() {
         chroot "$toolchain" bash -euo pipefail -c "dpkg --add-architecture $deb_arch \
             && apt-get update -qq \
             && apt-get install -y -qq --no-install-recommends $(cross_packages)"
+    if [ "$arch" = riscv64 ]; then
+        # The host's gcc links cargo's build scripts. It looks for ld and as in its tool
+        # directory before PATH, and must find the host's there: the target's root filesystem
+        # has its own binutils on PATH (libtool, for uvloop's libuv, brings in the target's gcc).
+        mkdir -p "$toolchain/usr/x86_64-linux-gnu/bin"
+        local tool
+        for tool in ld as; do
+            ln -sf "../../bin/x86_64-linux-gnu-$tool" "$toolchain/usr/x86_64-linux-gnu/bin/$tool"
+        done
+    fi
 }
 
 cross_mounts() {
@@ -215,6 +226,9 @@ cross_mounts() {
     mount_into "$toolchain" /opt/cross --bind -o ro
     mount_into "$toolchain/usr/lib/x86_64-linux-gnu" /usr/lib/x86_64-linux-gnu --bind -o ro
     mount_into "$toolchain/usr/lib64" /usr/lib64 --bind -o ro
+    # The cross gcc's own libc (Debian's *-cross packages: the same glibc as the target's) names
+    # its files by absolute paths under /usr/TRIPLET in its linker scripts.
+    [ -e "$root/usr/$triplet" ] || ln -s "/opt/cross/usr/$triplet" "$root/usr/$triplet"
     local name
     for name in gcc cc "$triplet-gcc"; do
         ln -sf "/opt/cross/usr/bin/$triplet-gcc" "$root/usr/local/bin/$name"
@@ -226,21 +240,52 @@ cross_mounts() {
         for name in rustc cargo x86_64-linux-gnu-gcc; do
             ln -sf "/opt/cross/usr/bin/$name" "$root/usr/local/bin/$name"
         done
+        # rustc finds its standard libraries from where librustc_driver is, and that is
+        # /usr/lib/x86_64-linux-gnu here: /usr/lib/rustlib must be the toolchain's.
+        if [ -d "$root/usr/lib/rustlib" ] && ! [ -L "$root/usr/lib/rustlib" ]; then
+            echo "$root has Rust libraries of its own: remove rustc and libstd-rust-dev there" >&2
+            exit 1
+        fi
+        ln -sfn /opt/cross/usr/lib/rustlib "$root/usr/lib/rustlib"
     fi
 }
 
+# cargo for the target with the cross gcc as its linker, and for the host (build scripts,
+# procedural macros) with the host's; pyo3 reads the target Python's configuration.
+cross_cargo_env() {
+    local target_var=${rust_target^^}
+    target_var=${target_var//-/_}
+    echo CARGO_BUILD_TARGET="$rust_target" "CARGO_TARGET_${target_var}_LINKER=$triplet-gcc" \
+        CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc \
+        PYO3_CROSS_LIB_DIR=/usr/lib/python3.13
+}
+
 # A program that embeds Python, built with the cross gcc inside the root filesystem, must run
-# there and be the target's; gcc itself must be the host's.
+# there and be the target's; gcc itself must be the host's. On riscv64, a Rust extension
+# (build/pyo3-check, pyo3 only, its crates from Debian so that the check runs offline) is built
+# by pip and maturin exactly as granian is, then imported under emulation: it must say riscv64.
 cross_check() {
     enter "printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n' \
             > /tmp/cc-check.c \
         && gcc \$(python3-config --includes) /tmp/cc-check.c -o /tmp/cc-check \
             \$(python3-config --ldflags --embed) \
-        && /tmp/cc-check && { rustc --version 2>/dev/null || true; }"
+        && /tmp/cc-check"
     file -L "$root$(chroot "$root" readlink -f /usr/local/bin/gcc)" | grep -q "x86-64" \
         || { echo "gcc in the root filesystem is not the host's" >&2; exit 1; }
     file "$root/tmp/cc-check" | grep -q "$target_elf" \
         || { echo "the cross gcc did not make a $arch program" >&2; exit 1; }
+    if [ "$arch" = riscv64 ]; then
+        rm -rf "$root/tmp/pyo3-check"
+        cp -r "$repo/build/pyo3-check" "$root/tmp/pyo3-check"
+        # shellcheck disable=SC2046 # one word per variable
+        enter "rustc --version && cd /tmp/pyo3-check && python3 -m venv /tmp/pyo3-venv \
+            && /tmp/pyo3-venv/bin/python -m pip install --quiet . \
+            && cd / && /tmp/pyo3-venv/bin/python -c 'import pyo3_check; print(pyo3_check.arch())' \
+                > /tmp/pyo3-check.out" $(cross_cargo_env)
+        grep -qx "$arch" "$root/tmp/pyo3-check.out" \
+            || { echo "the Rust extension is not a $arch one" >&2; exit 1; }
+        echo "Rust extension (pyo3, maturin) built for $(cat "$root/tmp/pyo3-check.out")"
+    fi
 }
 
 copy_source() {
@@ -273,14 +318,7 @@ release() {
     # itself (measured: still linking after the 150 modules had compiled in 23 minutes).
     local cross_env=()
     if [ "$cc_mode" = cross ] && [ "$arch" = riscv64 ]; then
-        # cargo builds for the target with the cross gcc as its linker, and for the host (build
-        # scripts, macros) with the host's; pyo3 reads the target Python's configuration.
-        local target_var=${rust_target^^}
-        target_var=${target_var//-/_}
-        cross_env=(CARGO_BUILD_TARGET="$rust_target"
-            "CARGO_TARGET_${target_var}_LINKER=$triplet-gcc"
-            CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=x86_64-linux-gnu-gcc
-            PYO3_CROSS_LIB_DIR=/usr/lib/python3.13)
+        read -r -a cross_env <<< "$(cross_cargo_env)"
     fi
     enter "cd /src && bash build/release.sh python3" "${cross_env[@]}" \
         NULLTICKETS_FROM_SOURCE="$from_source" \
