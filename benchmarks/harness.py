@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from nulltickets.lifetime import end_with_this_process
+
 PIPELINE = {
     "initial": "todo",
     "states": {"todo": {"agent_role": "worker"}, "done": {"terminal": True}},
@@ -96,7 +98,14 @@ class BenchServer:
     def __enter__(self) -> BenchServer:
         env = {**os.environ, "NULLTICKETS_HOME": str(self.log_path.parent / "home"), **self.env}
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # A benchmark stopped by a signal leaves no server running behind it.
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=end_with_this_process(),
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:

@@ -3,12 +3,18 @@ request timed, the client's own CPU reported; the native client builds where a c
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from benchmarks.harness import BenchServer, bulk_load, create_pipeline
 from benchmarks.load import ENDPOINTS, native_client, run_agents
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("client", ["native", "python"])
@@ -35,3 +41,39 @@ def test_agents_complete_every_task_once(
     assert all(latency > 0 for e in ENDPOINTS for latency in report.latencies[e])
     assert report.cpu_s > 0 and wall > 0
     assert [r["claimable_count"] for r in queue["roles"]] == [0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_benchmark_killed_by_a_signal_leaves_no_server_running(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from benchmarks.harness import BenchServer\n"
+        f"server = BenchServer(Path({str(tmp_path / 'bench.db')!r})).__enter__()\n"
+        "print(*server.pids, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    ) as bench:
+        try:
+            assert bench.stdout is not None
+            pids = [int(p) for p in bench.stdout.readline().split()]
+            assert pids and all(_alive(pid) for pid in pids)
+        finally:
+            bench.kill()
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
