@@ -66,7 +66,8 @@ if [ "$arch" = riscv64 ]; then
     # granian, uvloop and zstandard have no riscv64 wheels: cargo for granian, autotools for
     # uvloop's bundled libuv. rustc and cargo are the target's own when every compiler is, else
     # the host's (cross_toolchain).
-    packages+=" autoconf automake libtool pkg-config"
+    # libffi-dev: cffi, a build dependency of zstandard, has no riscv64 wheel either.
+    packages+=" autoconf automake libtool pkg-config libffi-dev"
     if [ "$cc_mode" = native ]; then packages+=" rustc cargo"; fi
 fi
 
