@@ -9,7 +9,9 @@ interpreter and `pip install -e .` in both, then build/build_apsw.py in the seco
 HTTP agent cycle of `make bench` from each in turn (1, 4, 16 and 64 agents with durability
 normal, 16 with full; --quick: 1 and 4, and 4 with full), the two builds' runs alternating round
 by round so that a busy machine's drift falls on both alike, writes DIR/wheel.json and
-DIR/vendored.json (each row the median of its runs) and prints the comparison. Run it with the
+DIR/vendored.json (each row the median of its runs) and prints the comparison. Where valgrind
+is installed it also counts the instructions of one in-process claim cycle on each side
+(cachegrind), a figure that a busy machine does not move. Run it with the
 Python of `make install` (.venv/bin/python), which has the benchmark's dependencies. `compare`
 prints the table for two existing results files (for example two `make bench` runs, one after
 `make binary` replaced .venv's apsw).
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,8 @@ Metric = tuple[str, list[str | int], bool]
 
 def metrics(results: dict[str, Any]) -> list[Metric]:
     found: list[Metric] = []
+    if results.get("instructions_per_cycle"):
+        found.append(("instructions per in-process cycle", ["instructions_per_cycle"], False))
     for i, c in enumerate(results.get("cycle", [])):
         found.append((f"cycles/s, {c['agents']} agents", ["cycle", i, "cycles_per_s"], True))
         found.append(
@@ -119,6 +125,48 @@ def rows_for(quick: bool) -> list[tuple[int, str]]:
     return [(1, "normal"), (4, "normal"), (16, "normal"), (64, "normal"), (16, "full")]
 
 
+# The storage core's claim -> event -> transition cycle in-process (benchmarks/core.py), run
+# for a number of cycles given as the argument.
+CORE_CYCLES = (
+    "import sys, tempfile, pathlib\n"
+    f"sys.path.insert(0, {str(ROOT)!r})\n"
+    "from benchmarks.core import _run\n"
+    "_run(pathlib.Path(tempfile.mkdtemp()) / 'core.db', int(sys.argv[1]))\n"
+)
+
+
+def instructions(py: Path, cycles: int) -> int:
+    """Instructions a process of `py` runs for `cycles` in-process cycles, counted by
+    valgrind's cachegrind (no cache simulation): unlike time, the count does not depend on
+    what else the machine is doing."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+            str(py),
+            "-c",
+            CORE_CYCLES,
+            str(cycles),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)  # "==1== I   refs:      1,890,724"
+    if found:
+        return int(found.group(1).replace(",", ""))
+    raise RuntimeError(f"no instruction count from valgrind: {done.stderr[-500:]}")
+
+
+def instructions_per_cycle(py: Path, quick: bool) -> float:
+    """The instructions of one in-process cycle: the difference between a long and a short run
+    divided by the cycles between them, which leaves out start-up and imports."""
+    short, long = (100, 400) if quick else (200, 1_400)
+    return (instructions(py, long) - instructions(py, short)) / (long - short)
+
+
 def run(folder: Path, quick: bool, rounds: int | None) -> str:
     """Both builds on the same rows, their runs alternating (wheel, vendored, wheel, ...) so
     that a busy machine's drift falls on both alike; each row is the median of its runs."""
@@ -156,6 +204,11 @@ def run(folder: Path, quick: bool, rounds: int | None) -> str:
             f"{v['cycles_per_s'] / w['cycles_per_s']:.2f})",
             flush=True,
         )
+    if shutil.which("valgrind"):
+        for name, py in sides.items():
+            out[name]["instructions_per_cycle"] = round(instructions_per_cycle(py, quick))
+    else:
+        print("  valgrind is not installed: no instruction counts", flush=True)
     for name, results in out.items():
         results["rounds"] = rounds
         (folder / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
