@@ -237,6 +237,11 @@ cross_mounts() {
     for name in g++ c++ "$triplet-g++"; do
         ln -sf "/opt/cross/usr/bin/$triplet-g++" "$root/usr/local/bin/$name"
     done
+    # The binutils programs that builds call by their plain names (Nuitka needs readelf to find
+    # the libraries each extension module links), the cross ones: no native binutils here.
+    for name in readelf objdump objcopy strip nm ar ranlib; do
+        ln -sf "/opt/cross/usr/bin/$triplet-$name" "$root/usr/local/bin/$name"
+    done
     if [ "$arch" = riscv64 ]; then
         for name in rustc cargo x86_64-linux-gnu-gcc; do
             ln -sf "/opt/cross/usr/bin/$name" "$root/usr/local/bin/$name"
@@ -270,7 +275,7 @@ cross_check() {
             > /tmp/cc-check.c \
         && gcc \$(python3-config --includes) /tmp/cc-check.c -o /tmp/cc-check \
             \$(python3-config --ldflags --embed) \
-        && /tmp/cc-check"
+        && /tmp/cc-check && readelf --dynamic /tmp/cc-check | grep -q NEEDED"
     file -L "$root$(chroot "$root" readlink -f /usr/local/bin/gcc)" | grep -q "x86-64" \
         || { echo "gcc in the root filesystem is not the host's" >&2; exit 1; }
     file "$root/tmp/cc-check" | grep -q "$target_elf" \
