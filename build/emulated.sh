@@ -6,8 +6,11 @@
 # 1. rootfs:   a Debian (trixie) root filesystem for ARCH, made by debootstrap from the
 #              distribution's packages (--foreign, then the second stage under qemu-user-static
 #              through binfmt_misc), cached in $NULLTICKETS_EMULATED_DIR/ARCH and reused later;
-# 2. packages: the build's tools from Debian inside it (Python 3.13, a C compiler, patchelf; on
-#              riscv64 also rustc/cargo for granian and autotools for uvloop, which have no wheels);
+# 2. packages: the build's tools from Debian inside it (Python 3.13, patchelf; on riscv64 also
+#              autotools and libffi for uvloop and zstandard, which have no wheels);
+#    cross:    the compilers, natively: a root filesystem of the host's architecture with
+#              Debian's cross gcc for ARCH (and on riscv64 the host's rustc and cargo for
+#              granian), mounted in at /opt/cross, then checked (cross_toolchain, cross_check);
 # 3. source:   the repository's files (tracked and new, not ignored ones) copied into it (the
 #              release venv from an earlier run kept: its apsw is reused when it verifies);
 # 4. release:  build/release.sh, the very script every release job runs (apsw from its sdist
@@ -15,7 +18,7 @@
 # 5. e2e:      the agent-contract e2e tests (AGENT_CONTRACT_TESTS below) against that binary;
 # 6. output:   dist/nulltickets-linux-ARCH.bin (+ .build.json) copied back, checked with `file`.
 #
-# --rootfs-only stops after step 2; --e2e-only runs steps 5 and 6 again on the last build, with
+# --rootfs-only stops after step 2 and the compilers; --e2e-only runs steps 5 and 6 again on the last build, with
 # the repository's tests/ copied in afresh.
 #
 # Every step prints its name and its elapsed seconds ("== step NAME: N s"), and everything goes
@@ -165,7 +168,7 @@ packages() {
 
 # The cross toolchain (cc_mode cross): Debian's cross compilers for the target, which run on
 # the host, in a root filesystem of the host's own architecture ($work/toolchain-amd64, made by
-# debootstrap natively in seconds and shared by every target). Mounted into the target's root
+# debootstrap natively in under a minute and shared by every target). Mounted into the target's root
 # filesystem at /opt/cross, with the host's libraries at their multiarch path
 # (/usr/lib/x86_64-linux-gnu, where the target has nothing) and the host's dynamic loader, its
 # programs run there natively. The cross gcc looks for the target's headers and libraries under
@@ -295,8 +298,9 @@ cross_check() {
 }
 
 copy_source() {
-    # The release venv stays: its apsw, built from the sdist under emulation in hours, is
-    # reused when it still verifies as ours (build/build_apsw.py); everything else is fresh.
+    # The release venv stays: its apsw, built from the sdist (minutes with the cross gcc, hours
+    # with NULLTICKETS_EMULATED_CC=native), is reused when it still verifies as ours
+    # (build/build_apsw.py); everything else is fresh.
     mkdir -p "$root/src"
     find "$root/src" -mindepth 1 -maxdepth 1 ! -name .venv-release -exec rm -rf {} +
     git -c safe.directory="$repo" -C "$repo" ls-files -z --cached --others --exclude-standard \
