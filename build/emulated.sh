@@ -232,7 +232,10 @@ cross_mounts() {
     mount_into "$toolchain/usr/lib64" /usr/lib64 --bind -o ro
     # The cross gcc's own libc (Debian's *-cross packages: the same glibc as the target's) names
     # its files by absolute paths under /usr/TRIPLET in its linker scripts.
-    [ -e "$root/usr/$triplet" ] || ln -s "/opt/cross/usr/$triplet" "$root/usr/$triplet"
+    # (Tested as a link, not followed: from the host, /opt/cross is not where it points.)
+    if [ -L "$root/usr/$triplet" ] || ! [ -e "$root/usr/$triplet" ]; then
+        ln -sfn "/opt/cross/usr/$triplet" "$root/usr/$triplet"
+    fi
     local name
     for name in gcc cc "$triplet-gcc"; do
         ln -sf "/opt/cross/usr/bin/$triplet-gcc" "$root/usr/local/bin/$name"
