@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cycle import cycle, cycle_rounds, median_run, pct
+from benchmarks.cycle import cycle, cycle_rounds, cycle_tasks, median_run, pct
 from benchmarks.load import native_client
 from benchmarks.seed import measure_claims, measure_ops_queue, seed_database
 
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     agents_list = (1, 4) if quick else (1, 4, 16, 64)
 
     def tasks_for(agents: int) -> int:
-        """Enough tasks for several seconds of load at each concurrency."""
-        return max(agents * 20, 200) if quick else min(20_000, max(3_000, agents * 1_500))
+        return cycle_tasks(agents, quick)
 
     big = 2_000 if quick else 100_000
     small = 100 if quick else 1_000

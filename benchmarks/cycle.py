@@ -56,6 +56,11 @@ def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, An
     }
 
 
+def cycle_tasks(agents: int, quick: bool) -> int:
+    """Enough tasks for several seconds of load at each concurrency."""
+    return max(agents * 20, 200) if quick else min(20_000, max(3_000, agents * 1_500))
+
+
 def cycle(
     workdir: Path,
     agents: int,

@@ -171,7 +171,7 @@ def run(folder: Path, quick: bool, rounds: int | None) -> str:
     """Both builds on the same rows, their runs alternating (wheel, vendored, wheel, ...) so
     that a busy machine's drift falls on both alike; each row is the median of its runs."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.cycle import cycle, median_run
+    from benchmarks.cycle import cycle, cycle_tasks, median_run
 
     folder.mkdir(parents=True, exist_ok=True)
     sides = {name: venv(folder / f"venv-{name}", vendored) for name, vendored in SIDES}
@@ -181,7 +181,7 @@ def run(folder: Path, quick: bool, rounds: int | None) -> str:
         for name, py in sides.items()
     }
     for agents, durability in rows_for(quick):
-        tasks = max(agents * 20, 200) if quick else min(20_000, max(3_000, agents * 1_500))
+        tasks = cycle_tasks(agents, quick)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
         for _ in range(rounds):
             for name, py in sides.items():
