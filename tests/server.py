@@ -222,6 +222,20 @@ def granian_workers(server: Server) -> list[int]:
     return [w for m in mains for w in _children(m)]
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` is running: a zombie (dead, not yet reaped) is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        pass
+    try:  # a zombie still answers kill(0): read its state where /proc exists
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return not sys.platform.startswith("linux")  # gone meanwhile; elsewhere, kill(0) said so
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, children first."""
     found = _children(pid)

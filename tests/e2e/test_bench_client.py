@@ -3,7 +3,6 @@ request timed, the client's own CPU reported; the native client builds where a c
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 from benchmarks.harness import BenchServer, bulk_load, create_pipeline
 from benchmarks.load import ENDPOINTS, native_client, run_agents
+
+from tests.server import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,21 +60,10 @@ def test_a_benchmark_killed_by_a_signal_leaves_no_server_running(tmp_path: Path)
         try:
             assert bench.stdout is not None
             pids = [int(p) for p in bench.stdout.readline().split()]
-            assert pids and all(_alive(pid) for pid in pids)
+            assert pids and all(alive(pid) for pid in pids)
         finally:
             bench.kill()
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie still answers kill(0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
+    assert not [pid for pid in pids if alive(pid)]

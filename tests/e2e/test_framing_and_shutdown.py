@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.server import Server, descendants, free_port, granian_workers, server_command
+from tests.server import Server, alive, descendants, free_port, granian_workers, server_command
 
 pytestmark = pytest.mark.e2e
 
@@ -93,18 +93,6 @@ def test_answers_with_a_body_keep_the_connection_alive(shared_server: Server) ->
 # --- shutdown -------------------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0): read its state where /proc exists.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
-
-
 def _healthy(server: Server) -> bool:
     c = server.client()
     try:
@@ -116,10 +104,10 @@ def _healthy(server: Server) -> bool:
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 @pytest.fixture
@@ -195,7 +183,7 @@ def test_a_stuck_worker_does_not_keep_the_server_from_exiting(server: Server) ->
         took = time.monotonic() - started
     finally:
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGCONT)
     assert took < 8, took
     assert all(_wait_gone(pid, 5) for pid in workers)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import create_pipeline, unique
-from tests.server import Client, Server, descendants, server_command
+from tests.server import Client, Server, alive, descendants, server_command
 
 STEPS = 4
 
@@ -219,15 +219,7 @@ def test_sigkill_of_the_workers_pid_leaves_no_process_of_it_running(
     assert command in below, (command, below)
     w.kill()
     w.communicate(timeout=30)
-    _wait_for(lambda: not any(_alive(pid) for pid in below), timeout=20)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead, only not reaped
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    _wait_for(lambda: not any(alive(pid) for pid in below), timeout=20)
 
 
 def test_sigterm_while_waiting_for_work_exits_promptly_and_claims_nothing(
