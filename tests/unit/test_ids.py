@@ -34,3 +34,30 @@ def test_ids_of_later_milliseconds_sort_after_earlier_ones_and_never_repeat() ->
     assert first < second
     many = {new_id() for _ in range(20_000)}
     assert len(many) == 20_000
+
+
+def test_ids_made_one_after_another_sort_in_that_order_within_a_millisecond() -> None:
+    made = [new_id() for _ in range(20_000)]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+    stamps = [v.replace("-", "")[:12] for v in made]
+    assert len(set(stamps)) < len(made)  # many shared a millisecond, and still sorted
+
+
+def test_ids_made_by_many_threads_at_once_never_repeat() -> None:
+    import threading
+
+    found: list[list[str]] = [[] for _ in range(8)]
+
+    def make(out: list[str]) -> None:
+        out.extend(new_id() for _ in range(5_000))
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in found]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [v for out in found for v in out]
+    assert len(set(every)) == len(every)
+    for out in found:
+        assert out == sorted(out)
