@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py cext/core.py cext/walsync.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'

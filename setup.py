@@ -1,7 +1,8 @@
-"""The compiled core: Cython turns cext/core.py into the extension `nulltickets._cext.core`
-when the build has Cython and a C compiler. Without either, the package installs with the
-interpreted core (the same source), so `pip install` works everywhere. Everything else about
-the package is in pyproject.toml."""
+"""The compiled parts: Cython turns cext/core.py into the extension `nulltickets._cext.core`
+when the build has Cython and a C compiler, and on POSIX systems cext/walsync.c (the WAL sync
+thread of durability `full`) becomes `nulltickets._cext.walsync`. Without a compiler the
+package installs with the interpreted core (the same source) and a Python sync thread, so
+`pip install` works everywhere. Everything else about the package is in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ class OptionalBuildExt(build_ext):
 def extensions() -> list[Extension]:
     if os.environ.get("NULLTICKETS_PURE_PYTHON_BUILD"):
         return []
+    built = []
+    if os.name == "posix":  # POSIX threads
+        built.append(Extension("nulltickets._cext.walsync", ["cext/walsync.c"]))
     try:
         from Cython.Build import cythonize
     except ImportError:
-        return []
+        return built
     core = Extension("nulltickets._cext.core", ["cext/core.py"])
-    return cythonize([core], compiler_directives={"language_level": "3"}, quiet=True)
+    return built + cythonize([core], compiler_directives={"language_level": "3"}, quiet=True)
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

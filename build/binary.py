@@ -130,10 +130,11 @@ def build_id(staged: Path, os_name: str, arch: str) -> str:
 def stage_sources(work: Path) -> Path:
     """The package as the build installs it, for Nuitka to compile: src/nulltickets, with cext/
     as nulltickets._cext (pyproject's package-dir; the editable install maps it with an import
-    hook, which Nuitka does not run). Only the compiled core's extension module comes along;
-    any other in-place build product (an experiment's `service.*.so`, C files, Cython's
-    annotated HTML) is left out, as it would otherwise take the place of its source; the
-    package's own files (the dashboard's index.html among them) all come along."""
+    hook, which Nuitka does not run). Only the compiled core's and the WAL sync threads'
+    extension modules come along; any other in-place build product (an experiment's
+    `service.*.so`, C files, Cython's annotated HTML) is left out, as it would otherwise take the
+    place of its source; the package's own files (the dashboard's index.html among them) all
+    come along."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
     def leave_out(keep_extensions: bool) -> Callable[[str, list[str]], set[str]]:
@@ -144,7 +145,10 @@ def stage_sources(work: Path) -> Path:
                 if n == "__pycache__"
                 or n.endswith(".c")
                 or (keep_extensions and n.endswith(".html"))  # Cython's annotated core
-                or (n.endswith(suffixes) and not (keep_extensions and n.startswith("core.")))
+                or (
+                    n.endswith(suffixes)
+                    and not (keep_extensions and n.startswith(("core.", "walsync.")))
+                )
             }
 
         return ignore
@@ -159,6 +163,14 @@ def compiled_core(staged: Path) -> bool:
     """True when the package build compiled the core (nulltickets._cext.core) in place."""
     return any(
         (staged / "_cext" / f"core{suffix}").exists()
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
+
+
+def native_walsync(staged: Path) -> bool:
+    """True when the package build compiled the WAL sync threads (nulltickets._cext.walsync)."""
+    return any(
+        (staged / "_cext" / f"walsync{suffix}").exists()
         for suffix in importlib.machinery.EXTENSION_SUFFIXES
     )
 
@@ -222,6 +234,9 @@ def nuitka_command(
         # so that NULLTICKETS_PURE_PYTHON=1 can still load the interpreted core.
         cmd.append("--include-module=nulltickets._cext.core")
         cmd.append(f"--include-data-files={staged / '_cext' / 'core.py'}=nulltickets/_cext/core.py")
+    if native_walsync(staged):
+        # The WAL sync threads in C (durability full); without them the Python thread runs.
+        cmd.append("--include-module=nulltickets._cext.walsync")
     if os_name == "windows":
         cmd.append(f"--product-version={ver}")
     cmd.append(str(staged))

@@ -35,7 +35,7 @@ class GateFile(apsw.VFSFile):
         self.wal = bool(flags[0] & apsw.SQLITE_OPEN_WAL)
 
     def xSync(self, flags: int) -> None:
-        if self.wal and threading.current_thread().name == walsync.THREAD_NAME:
+        if self.wal and walsync.current_thread_name() == walsync.THREAD_NAME:
             self.vfs.barrier_sync()
         super().xSync(flags)
 
@@ -73,6 +73,20 @@ class GateVFS(apsw.VFS):
         self.allow(100)
 
 
+@pytest.fixture(
+    autouse=True, params=["native", "python"] if walsync._native is not None else ["python"]
+)
+def syncer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with each sync thread there is: the native one (cext/walsync.c) where it
+    was built, and the Python one that runs elsewhere (NULLTICKETS_PURE_PYTHON=1 picks it; a
+    child process started by the test inherits the choice)."""
+    if request.param == "python":
+        monkeypatch.setenv("NULLTICKETS_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("NULLTICKETS_PURE_PYTHON", raising=False)
+    return str(request.param)
+
+
 @pytest.fixture
 def gate() -> Iterator[GateVFS]:
     vfs = GateVFS()
@@ -85,6 +99,8 @@ def open_db(tmp_path: Path, vfs: GateVFS) -> Database:
     db = Database(f"file:{tmp_path / 'w.db'}?vfs={vfs.name}", durability="full")
     db.open()
     assert db.writer.syncer is not None, "durability full must sync the WAL on its own thread"
+    native = os.environ.get("NULLTICKETS_PURE_PYTHON") != "1"
+    assert isinstance(db.writer.syncer, walsync.NativeSyncer if native else walsync.ThreadSyncer)
     conn = db.writer._conn
     assert conn is not None and conn.pragma("synchronous") == 1  # NORMAL: the commit does not
     return db

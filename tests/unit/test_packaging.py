@@ -88,3 +88,34 @@ def test_the_binary_build_stages_every_file_of_the_package(tmp_path: Path) -> No
     assert {p.name for p in (staged / "http" / "static").iterdir()} == {
         p.name for p in static.iterdir()
     }
+
+
+def test_the_binary_carries_the_native_wal_sync_threads_when_they_were_built(
+    tmp_path: Path,
+) -> None:
+    """Durability `full` is fastest with the WAL sync threads in C (cext/walsync.c): a binary
+    built where they compiled must carry them, not fall back to the Python thread."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("build_binary", ROOT / "build" / "binary.py")
+    assert spec is not None and spec.loader is not None
+    binary = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT))
+    try:
+        spec.loader.exec_module(binary)
+    finally:
+        sys.path.remove(str(ROOT))
+    built = [
+        p.name
+        for p in (ROOT / "cext").iterdir()
+        if p.name.startswith("walsync.")
+        and p.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    ]
+    staged = binary.stage_sources(tmp_path)
+    assert sorted(
+        p.name for p in (staged / "_cext").glob("walsync.*") if p.suffix != ".c"
+    ) == sorted(built)
+    cmd = binary.nuitka_command(tmp_path / "nt", tmp_path, staged, "linux", "0", "x", 1)
+    assert ("--include-module=nulltickets._cext.walsync" in cmd) == bool(built)

@@ -232,7 +232,7 @@ class Writer:
         # Durability `full` off the loop's thread (see the module's text): commits are numbered;
         # a batch waits in `_unsynced` with the number of the last commit it may depend on
         # until a WAL sync that began after that commit has completed (`_durable`).
-        self.syncer: walsync.WalSyncer | None = None
+        self.syncer: walsync.Syncer | None = None
         self._committed = 0
         self._durable = 0
         self._unsynced: deque[tuple[int, list[Entry], list[Outcome], list[Tell]]] = deque()
@@ -250,7 +250,8 @@ class Writer:
                 wal = walsync.WalFile.of(self._conn)
                 if wal is not None:
                     self._conn.pragma("synchronous", "NORMAL")
-                    self.syncer = walsync.WalSyncer(wal, self._on_sync)
+                    self.syncer = walsync.start(wal)
+                    log.debug("durability full: the WAL is synced by %s", self.syncer.name)
                 else:  # every commit keeps syncing itself, on the loop's thread
                     log.info("durability full: the WAL cannot be synced apart from commits here")
 
@@ -261,7 +262,7 @@ class Writer:
             self._flush()
             if self._pending:
                 time.sleep(self._retry_delay)
-        syncs = 0
+        syncs, name = 0, ""
         if self.syncer is not None:
             # The loop no longer runs the thread's reports: settle the last batches here.
             seq = self._committed
@@ -272,7 +273,7 @@ class Writer:
             else:
                 self._synced(seq, None)
             self.syncer.stop()
-            syncs = self.syncer.wal.syncs
+            syncs, name = self.syncer.syncs, self.syncer.name
             self.syncer = None
         self.checkpointer.stop()
         with self._lock:
@@ -293,7 +294,10 @@ class Writer:
             )
         if syncs:
             log.info(
-                "%d WAL syncs off the loop's thread (%.1f jobs per sync)", syncs, self.jobs / syncs
+                "%d WAL syncs off the loop's thread by %s (%.1f jobs per sync)",
+                syncs,
+                name,
+                self.jobs / syncs,
             )
 
     def on_commit(self, collect: Callable[[], Tell | None]) -> None:
@@ -311,7 +315,8 @@ class Writer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((job, future, time.monotonic()))
-        self._loop = loop
+        if loop is not self._loop:
+            self._use_loop(loop)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
@@ -324,7 +329,8 @@ class Writer:
         if self.syncer is None or self._committed <= self._durable or self._sync_failed:
             return
         loop = asyncio.get_running_loop()
-        self._loop = loop  # the sync thread's reports come here from now on...
+        if loop is not self._loop:
+            self._use_loop(loop)  # the sync thread's reports come here from now on...
         seq = self._committed
         if self.syncer.synced >= seq:  # ...and one that came before (run_sync) is seen here
             return
@@ -378,13 +384,12 @@ class Writer:
         self.syncer.committed(self._committed)
         self._settle()
 
-    def _on_sync(self, seq: int, exc: BaseException | None) -> None:
-        """The syncer's report, from its thread: hand it to the loop."""
-        loop = self._loop
-        if loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: stop() settles the rest
-            loop.call_soon_threadsafe(self._synced, seq, exc)
+    def _use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the flushes on `loop`, and hear the sync thread's reports there (a closed loop
+        hears none: stop() settles what is left)."""
+        self._loop = loop
+        if self.syncer is not None:
+            self.syncer.attach(loop, self._synced)
 
     def _synced(self, seq: int, exc: BaseException | None) -> None:
         """On the loop: commits up to `seq` are on disk, or the sync failed."""

@@ -62,6 +62,8 @@ from typing import Any
 
 import apsw
 
+from nulltickets.storage.sqlite import walsync
+
 ENV = "NULLTICKETS_TEST_POWERCUT_VFS"
 NAME = "nulltickets-powercut"
 BLOCK = 4096
@@ -280,7 +282,7 @@ class PowercutVFS(apsw.VFS):
 
     def lies_here(self) -> bool:
         thread = self.options.lying_thread
-        return thread is not None and threading.current_thread().name == thread
+        return thread is not None and walsync.current_thread_name() == thread
 
     def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
         return PowercutFile(self, name, flags)
@@ -301,7 +303,7 @@ class PowercutVFS(apsw.VFS):
         if (
             cut_at is not None
             and cut_at[0] == kind
-            and cut_at[2] in (None, threading.current_thread().name)
+            and cut_at[2] in (None, walsync.current_thread_name())
         ):
             self.writes[kind] = self.writes.get(kind, 0) + 1
             if self.writes[kind] >= cut_at[1]:
