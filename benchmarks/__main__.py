@@ -2,8 +2,9 @@
 
 Sections (--sections picks some, comma-separated; all by default):
   cycle       HTTP agent cycle (claim -> event -> transition) on SQLite at 1, 4, 16, 64 agents
-  durability  the same cycle at 16 and 64 agents with --durability full and normal, their runs
-              interleaved, and full's cycles/s over normal's
+  durability  the same cycle at 16 and 64 agents with --durability full, normal, and full with
+              its WAL synced by the Python thread instead of the C ones, their runs
+              interleaved; full's cycles/s over normal's and over the Python thread's
   postgres    the cycle on PostgreSQL at 16 and 64 agents: one server, and two servers on one
               database with the agents split across them (a throwaway cluster of its own)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
@@ -183,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
 
         if "durability" in sections:
-            print("Durability full and normal, interleaved runs", flush=True)
+            print(
+                "Durability full, normal and full on the Python sync thread, interleaved runs",
+                flush=True,
+            )
             results["durability"], results["durability_ratio"] = durability_rows(
                 work, (4,) if quick else (16, 64), tasks_for, rounds
             )
@@ -262,36 +266,52 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The same `full` with the WAL synced by the Python thread instead of the C ones: what
+# cext/walsync.c buys (the same Python thread where it is not built, then a ratio near 1).
+PYTHON_SYNC = {"NULLTICKETS_WAL_SYNC": "python"}
+
+
 def durability_rows(
     work: Path, agents_list: tuple[int, ...], tasks_for: Any, rounds: int
 ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """The cycle with `full` and with `normal` at each number of agents, their runs alternating
-    (full, normal, full, ...) so that the machine's drift falls on both alike; the rows (by
-    "AGENTS/DURABILITY") and, per number of agents, full's cycles/s over normal's."""
+    """The cycle with `full`, with `normal`, and with `full` on the Python sync thread at each
+    number of agents, their runs alternating (full, normal, full-python, full, ...) so that the
+    machine's drift falls on all alike; the rows (by "AGENTS/DURABILITY") and, per number of
+    agents, full's cycles/s over normal's and over the Python sync thread's."""
     rows: dict[str, dict[str, Any]] = {}
     ratios = []
     for agents in agents_list:
-        runs: dict[str, list[dict[str, Any]]] = {"full": [], "normal": []}
+        runs: dict[str, list[dict[str, Any]]] = {"full": [], "normal": [], "full-python": []}
         for _ in range(rounds):
-            for durability in runs:
-                runs[durability].append(cycle(work, agents, tasks_for(agents), durability))
-        for durability, done in runs.items():
-            rows[f"{agents}/{durability}"] = median_run(done)
+            for variant in runs:
+                durability, _, sync = variant.partition("-")
+                env = PYTHON_SYNC if sync else None
+                run = cycle(work, agents, tasks_for(agents), durability, env=env)
+                if sync:
+                    run["wal_sync"] = sync
+                runs[variant].append(run)
+        for variant, done in runs.items():
+            rows[f"{agents}/{variant}"] = median_run(done)
         full, normal = rows[f"{agents}/full"], rows[f"{agents}/normal"]
+        python = rows[f"{agents}/full-python"]
         ratio = round(full["cycles_per_s"] / normal["cycles_per_s"], 3)
+        over_python = round(full["cycles_per_s"] / python["cycles_per_s"], 3)
         ratios.append(
             {
                 "agents": agents,
                 "full_cycles_per_s": full["cycles_per_s"],
                 "normal_cycles_per_s": normal["cycles_per_s"],
+                "full_python_sync_cycles_per_s": python["cycles_per_s"],
                 "full_over_normal": ratio,
+                "full_over_python_sync": over_python,
                 "full_claim_p99_ms": full["latency_ms"]["claim"]["p99"],
             }
         )
         print(
             f"  {agents:>3} agents: full {full['cycles_per_s']:>8.0f}, normal "
-            f"{normal['cycles_per_s']:>8.0f} cycles/s (full/normal {ratio}), full claim p99 "
-            f"{full['latency_ms']['claim']['p99']:.2f} ms",
+            f"{normal['cycles_per_s']:>8.0f}, full on the Python sync thread "
+            f"{python['cycles_per_s']:>8.0f} cycles/s (full/normal {ratio}, full/Python sync "
+            f"{over_python}), full claim p99 {full['latency_ms']['claim']['p99']:.2f} ms",
             flush=True,
         )
     return rows, ratios
@@ -301,6 +321,8 @@ def cycle_row(c: dict[str, Any]) -> str:
     """One row of the cycle table: a measured run, or what kept it from being measured."""
     engine = c.get("engine", "sqlite")
     durability = c.get("durability", "normal")
+    if c.get("wal_sync") == "python":
+        durability += " (Python sync thread)"
     head = f"| {engine} | {c.get('servers', 1)} | {c['agents']} | {durability} |"
     if "not_measured" in c:
         return f"{head} not measured: {c['not_measured']} |" + " |" * 8
@@ -348,6 +370,14 @@ def render(r: dict[str, Any]) -> str:
                 f"{x['agents']} agents {x['full_over_normal']}" for x in r["durability_ratio"]
             )
         )
+        if all("full_over_python_sync" in x for x in r["durability_ratio"]):
+            lines.append(
+                "full with the C sync threads over full with the Python one: "
+                + ", ".join(
+                    f"{x['agents']} agents {x['full_over_python_sync']}"
+                    for x in r["durability_ratio"]
+                )
+            )
     if "baseline" in r:
         from benchmarks.baseline import render as render_baseline
 

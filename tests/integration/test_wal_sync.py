@@ -77,13 +77,14 @@ class GateVFS(apsw.VFS):
     autouse=True, params=["native", "python"] if walsync._native is not None else ["python"]
 )
 def syncer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs with each sync thread there is: the native one (cext/walsync.c) where it
-    was built, and the Python one that runs elsewhere (NULLTICKETS_PURE_PYTHON=1 picks it; a
-    child process started by the test inherits the choice)."""
+    """Every test runs with each kind of sync thread there is: the native ones (cext/walsync.c)
+    where they were built, and the Python one that runs elsewhere (NULLTICKETS_WAL_SYNC=python
+    picks it; a child process started by the test inherits the choice)."""
+    monkeypatch.delenv("NULLTICKETS_PURE_PYTHON", raising=False)
     if request.param == "python":
-        monkeypatch.setenv("NULLTICKETS_PURE_PYTHON", "1")
+        monkeypatch.setenv("NULLTICKETS_WAL_SYNC", "python")
     else:
-        monkeypatch.delenv("NULLTICKETS_PURE_PYTHON", raising=False)
+        monkeypatch.delenv("NULLTICKETS_WAL_SYNC", raising=False)
     return str(request.param)
 
 
@@ -99,7 +100,7 @@ def open_db(tmp_path: Path, vfs: GateVFS) -> Database:
     db = Database(f"file:{tmp_path / 'w.db'}?vfs={vfs.name}", durability="full")
     db.open()
     assert db.writer.syncer is not None, "durability full must sync the WAL on its own thread"
-    native = os.environ.get("NULLTICKETS_PURE_PYTHON") != "1"
+    native = os.environ.get("NULLTICKETS_WAL_SYNC") != "python"
     assert isinstance(db.writer.syncer, walsync.NativeSyncer if native else walsync.ThreadSyncer)
     conn = db.writer._conn
     assert conn is not None and conn.pragma("synchronous") == 1  # NORMAL: the commit does not
@@ -395,3 +396,19 @@ def test_without_the_sync_threads_barrier_a_cut_loses_answered_writes(tmp_path: 
     answered, kept = cut_child(tmp_path, f"{CUT},lying-thread={walsync.THREAD_NAME}")
     assert len(answered) > 100
     assert answered - kept != set()
+
+
+def test_the_pure_python_switch_picks_the_python_sync_thread_too(
+    tmp_path: Path, gate: GateVFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NULLTICKETS_WAL_SYNC", raising=False)
+    monkeypatch.setenv("NULLTICKETS_PURE_PYTHON", "1")
+    gate.release_all()
+    db = Database(f"file:{tmp_path / 'p.db'}?vfs={gate.name}", durability="full")
+    db.open()
+    try:
+        assert isinstance(db.writer.syncer, walsync.ThreadSyncer)
+        assert db.write_sync(insert("a")) is None
+        assert db.writer.syncer.synced >= 1
+    finally:
+        db.close()

@@ -213,3 +213,29 @@ def test_an_unknown_revision_is_a_baseline_error_and_leaves_nothing(repo: Path) 
         pass
     assert not tree.folder.exists()
     assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_full_on_the_python_sync_thread_is_a_row_of_its_own_with_its_ratio() -> None:
+    def dur(rate: float, durability: str, **extra: Any) -> dict[str, Any]:
+        return {**row(rate, agents=16), "durability": durability, **extra}
+
+    results = {
+        "machine": MACHINE,
+        "rounds": 3,
+        "durability": {
+            "16/full": dur(900.0, "full"),
+            "16/normal": dur(1000.0, "normal"),
+            "16/full-python": dur(720.0, "full", wal_sync="python"),
+        },
+        "durability_ratio": [
+            {"agents": 16, "full_over_normal": 0.9, "full_over_python_sync": 1.25},
+        ],
+    }
+    lines = render(results).splitlines()
+    body = [li.split(" | ")[2:5] for li in lines if li.startswith("| sqlite")]
+    assert body == [
+        ["16", "full", "900"],
+        ["16", "normal", "1000"],
+        ["16", "full (Python sync thread)", "720"],
+    ]
+    assert "full with the C sync threads over full with the Python one: 16 agents 1.25" in lines

@@ -194,10 +194,15 @@ class Syncer(Protocol):
 
 
 def start(wal: WalFile) -> Syncer:
-    """The sync thread for `wal`: the native one (`nulltickets._cext.walsync`, which never takes
-    the GIL) where it was built, else a Python thread. NULLTICKETS_PURE_PYTHON=1 picks the
-    Python one, as it picks the interpreted core."""
-    if _native is not None and os.environ.get("NULLTICKETS_PURE_PYTHON") != "1":
+    """The sync threads for `wal`: the native ones (`nulltickets._cext.walsync`, which never
+    take the GIL) where they were built, else a Python thread. NULLTICKETS_WAL_SYNC=python picks
+    the Python thread, and so does NULLTICKETS_PURE_PYTHON=1, as it picks the interpreted
+    core."""
+    python = (
+        os.environ.get("NULLTICKETS_WAL_SYNC") == "python"
+        or os.environ.get("NULLTICKETS_PURE_PYTHON") == "1"
+    )
+    if _native is not None and not python:
         return NativeSyncer(wal)
     return ThreadSyncer(wal)
 
