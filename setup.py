@@ -35,8 +35,16 @@ def extensions() -> list[Extension]:
     if os.environ.get("NULLTICKETS_PURE_PYTHON_BUILD"):
         return []
     built = []
-    if os.name == "posix":  # POSIX threads
-        built.append(Extension("nulltickets._cext.walsync", ["cext/walsync.c"]))
+    if os.name == "posix":  # POSIX threads (in libpthread before glibc 2.34: -pthread links it)
+        flags = ["-pthread"] if sys.platform.startswith("linux") else []
+        built.append(
+            Extension(
+                "nulltickets._cext.walsync",
+                ["cext/walsync.c"],
+                extra_compile_args=flags,
+                extra_link_args=flags,
+            )
+        )
     try:
         from Cython.Build import cythonize
     except ImportError:
