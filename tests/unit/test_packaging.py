@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -68,12 +71,8 @@ def test_the_license_the_metadata_names_is_there() -> None:
     assert project["license-files"] == ["LICENSE"]
 
 
-def test_the_binary_build_stages_every_file_of_the_package(tmp_path: Path) -> None:
-    """The standalone binary is compiled from a staged copy of the package: every file the
-    package carries (the dashboard's index.html among them) must be in that copy."""
-    import importlib.util
-    import sys
-
+def load_build_binary() -> ModuleType:
+    """build/binary.py as a module (it imports its neighbours in build/ from the repository)."""
     spec = importlib.util.spec_from_file_location("build_binary", ROOT / "build" / "binary.py")
     assert spec is not None and spec.loader is not None
     binary = importlib.util.module_from_spec(spec)
@@ -82,6 +81,13 @@ def test_the_binary_build_stages_every_file_of_the_package(tmp_path: Path) -> No
         spec.loader.exec_module(binary)
     finally:
         sys.path.remove(str(ROOT))
+    return binary
+
+
+def test_the_binary_build_stages_every_file_of_the_package(tmp_path: Path) -> None:
+    """The standalone binary is compiled from a staged copy of the package: every file the
+    package carries (the dashboard's index.html among them) must be in that copy."""
+    binary = load_build_binary()
     staged = binary.stage_sources(tmp_path)
     static = ROOT / "src" / "nulltickets" / "http" / "static"
     assert "index.html" in {p.name for p in static.iterdir()}
@@ -96,17 +102,8 @@ def test_the_binary_carries_the_native_wal_sync_threads_when_they_were_built(
     """Durability `full` is fastest with the WAL sync threads in C (cext/walsync.c): a binary
     built where they compiled must carry them, not fall back to the Python thread."""
     import importlib.machinery
-    import importlib.util
-    import sys
 
-    spec = importlib.util.spec_from_file_location("build_binary", ROOT / "build" / "binary.py")
-    assert spec is not None and spec.loader is not None
-    binary = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT))
-    try:
-        spec.loader.exec_module(binary)
-    finally:
-        sys.path.remove(str(ROOT))
+    binary = load_build_binary()
     built = [
         p.name
         for p in (ROOT / "cext").iterdir()
