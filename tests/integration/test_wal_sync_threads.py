@@ -12,6 +12,7 @@ import os
 import select
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -194,33 +195,26 @@ def test_bad_arguments_are_refused_before_any_thread_starts(disk: Disk) -> None:
         native.SyncThread(address, 0xF11E, 3, 1, 9)
 
 
-def test_the_native_threads_are_known_by_the_barriers_name(tmp_path: Any) -> None:
+def test_the_native_threads_are_known_by_the_barriers_name(disk: Disk) -> None:
     """A layered VFS (the power-cut one, the tests' gate) tells the barrier's syncs apart by
-    walsync.current_thread_name(), which names the C threads too."""
-    import apsw
-
-    conn = apsw.Connection(str(tmp_path / "n.db"))
-    conn.pragma("journal_mode", "wal")
-    conn.execute("CREATE TABLE t (x)")
-    wal = walsync.WalFile.of(conn)
-    assert wal is not None
+    walsync.current_thread_name(), which names the C threads of a NativeSyncer too."""
     names: list[str] = []
-    original = wal.sync
 
-    seen = XSync(lambda _f, _flags: names.append(walsync.current_thread_name()) or 0)
-    r, w = os.pipe()
-    st = native.SyncThread(ctypes.cast(seen, ctypes.c_void_p).value, wal.pointer, 0, w, 2)
-    idents = st.idents()
-    walsync._sync_threads.update(idents)  # as NativeSyncer registers its threads
+    def xsync(file: int | None, flags: int) -> int:
+        names.append(walsync.current_thread_name())
+        return disk.xsync(file, flags)
+
+    seen = XSync(xsync)
+    methods = SimpleNamespace(xSync=seen)  # what WalFile keeps of the file's io methods
+    wal = walsync.WalFile(0xF11E, methods, 3)  # type: ignore[arg-type]
+    syncer = walsync.NativeSyncer(wal)
     try:
-        st.committed(1)
-        assert st.sync_through(1) == 0
+        syncer.committed(1)
+        syncer.sync_through(1)
+        assert syncer.synced == 1 and syncer.syncs == 1
     finally:
-        st.stop()
-        walsync._sync_threads.difference_update(idents)
-        os.close(r)
-        os.close(w)
+        syncer.stop()
     assert names == [walsync.THREAD_NAME]
     assert walsync.current_thread_name() == threading.current_thread().name
-    original()  # the file's own xSync still works from this thread
-    conn.close()
+    assert len(syncer._idents) == walsync.NATIVE_THREADS
+    assert not set(syncer._idents) & walsync._sync_threads  # stop() forgot them

@@ -54,3 +54,13 @@ def test_compiled_and_interpreted_cores_decide_alike() -> None:
             type(b).__name__,
             vars(b) if hasattr(b, "__dict__") else repr(b),
         )
+
+
+def test_a_build_that_must_be_compiled_has_the_wal_sync_threads_too() -> None:
+    """Where the core must be compiled (CI), the WAL sync threads in C must be there as well on
+    a POSIX system, so that their tests run rather than being skipped."""
+    if os.environ.get("NULLTICKETS_REQUIRE_COMPILED") != "1" or os.name != "posix":
+        return
+    import nulltickets._cext.walsync as native
+
+    assert Path(native.__file__).suffix == ".so"
