@@ -1,6 +1,6 @@
 """The compiled parts: Cython turns cext/core.py into the extension `nulltickets._cext.core`
 when the build has Cython and a C compiler, and on POSIX systems cext/walsync.c (the WAL sync
-thread of durability `full`) becomes `nulltickets._cext.walsync`. Without a compiler the
+threads of durability `full`) becomes `nulltickets._cext.walsync`. Without a compiler the
 package installs with the interpreted core (the same source) and a Python sync thread, so
 `pip install` works everywhere. Everything else about the package is in pyproject.toml."""
 

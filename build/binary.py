@@ -159,18 +159,11 @@ def stage_sources(work: Path) -> Path:
     return staged
 
 
-def compiled_core(staged: Path) -> bool:
-    """True when the package build compiled the core (nulltickets._cext.core) in place."""
+def built_extension(staged: Path, name: str) -> bool:
+    """True when the package build compiled nulltickets._cext.NAME in place: the core (`core`)
+    or the WAL sync threads (`walsync`)."""
     return any(
-        (staged / "_cext" / f"core{suffix}").exists()
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES
-    )
-
-
-def native_walsync(staged: Path) -> bool:
-    """True when the package build compiled the WAL sync threads (nulltickets._cext.walsync)."""
-    return any(
-        (staged / "_cext" / f"walsync{suffix}").exists()
+        (staged / "_cext" / f"{name}{suffix}").exists()
         for suffix in importlib.machinery.EXTENSION_SUFFIXES
     )
 
@@ -229,12 +222,12 @@ def nuitka_command(
     # Nuitka's anti-bloat leaves out these C accelerators; the stdlib then uses slower fallbacks.
     cmd += ["--include-module=_json", "--include-module=_bisect"]
     cmd += [f"--nofollow-import-to={m}" for m in NOFOLLOW]
-    if compiled_core(staged):
+    if built_extension(staged, "core"):
         # The Cython extension, as Python would import it; its source goes along as a data file
         # so that NULLTICKETS_PURE_PYTHON=1 can still load the interpreted core.
         cmd.append("--include-module=nulltickets._cext.core")
         cmd.append(f"--include-data-files={staged / '_cext' / 'core.py'}=nulltickets/_cext/core.py")
-    if native_walsync(staged):
+    if built_extension(staged, "walsync"):
         # The WAL sync threads in C (durability full); without them the Python thread runs.
         cmd.append("--include-module=nulltickets._cext.walsync")
     if os_name == "windows":
@@ -311,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold_build": args.cold,
         "size_bytes": output.stat().st_size,
         "python": platform.python_version(),
-        "compiled_core": compiled_core(staged),
+        "compiled_core": built_extension(staged, "core"),
     }
     output.with_name(output.name + ".build.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
