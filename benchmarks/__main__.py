@@ -296,6 +296,7 @@ def durability_rows(
         python = rows[f"{agents}/full-python"]
         ratio = round(full["cycles_per_s"] / normal["cycles_per_s"], 3)
         over_python = round(full["cycles_per_s"] / python["cycles_per_s"], 3)
+        steal = [r["host"]["steal"] for done in runs.values() for r in done if r.get("host")]
         ratios.append(
             {
                 "agents": agents,
@@ -305,6 +306,13 @@ def durability_rows(
                 "full_over_normal": ratio,
                 "full_over_python_sync": over_python,
                 "full_claim_p99_ms": full["latency_ms"]["claim"]["p99"],
+                # Where full's time goes: a request's mean latency with each, the server's
+                # mean WAL sync and each batch's mean wait for one (from its COMMIT).
+                "normal_request_mean_ms": normal["request_mean_ms"],
+                "full_request_mean_ms": full["request_mean_ms"],
+                "full_wal_sync_ms_mean": full.get("wal_sync_ms_mean"),
+                "full_durable_wait_ms_mean": full.get("durable_wait_ms_mean"),
+                "host_steal_max": max(steal) if steal else None,
             }
         )
         print(
@@ -314,7 +322,24 @@ def durability_rows(
             f"{over_python}), full claim p99 {full['latency_ms']['claim']['p99']:.2f} ms",
             flush=True,
         )
+        print(f"      {where_time_goes(ratios[-1])}", flush=True)
     return rows, ratios
+
+
+def where_time_goes(x: dict[str, Any]) -> str:
+    """One line on what `full` adds to a request, from the runs of one number of agents."""
+    line = (
+        f"a request takes {x['normal_request_mean_ms']:.2f} ms on average with normal, "
+        f"{x['full_request_mean_ms']:.2f} ms with full"
+    )
+    if x.get("full_durable_wait_ms_mean") is not None:
+        line += (
+            f", of which {x['full_durable_wait_ms_mean']:.2f} ms waiting from its COMMIT for a "
+            f"WAL sync ({x['full_wal_sync_ms_mean']:.2f} ms the sync itself)"
+        )
+    if x.get("host_steal_max") is not None:
+        line += f"; CPU steal up to {x['host_steal_max']:.0%} during the runs"
+    return line
 
 
 def cycle_row(c: dict[str, Any]) -> str:
@@ -370,6 +395,11 @@ def render(r: dict[str, Any]) -> str:
                 f"{x['agents']} agents {x['full_over_normal']}" for x in r["durability_ratio"]
             )
         )
+        lines += [
+            f"{x['agents']} agents: {where_time_goes(x)}"
+            for x in r["durability_ratio"]
+            if "full_request_mean_ms" in x
+        ]
         if all("full_over_python_sync" in x for x in r["durability_ratio"]):
             lines.append(
                 "full with the C sync threads over full with the Python one: "

@@ -19,6 +19,37 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+def host_cpu() -> list[int] | None:
+    """The machine's CPU time by kind since boot (Linux's /proc/stat), or None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def host_share(before: list[int] | None, after: list[int] | None) -> dict[str, float]:
+    """The shares of the machine's CPU time between two host_cpu() readings that were idle and
+    that the hypervisor gave to others (steal): a run's figures mean little when steal is high."""
+    if not before or not after or len(after) < 8:
+        return {}
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(delta[:8]) or 1
+    return {"idle": round(delta[3] / total, 3), "steal": round(delta[7] / total, 3)}
+
+
+def mean_of(metrics: str, name: str) -> float | None:
+    """The mean of the Prometheus histogram `name` in `metrics` (its _sum over its _count)."""
+    found: dict[str, float] = {}
+    for line in metrics.splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(f"{name}{part} "):
+                found[part] = float(line.split()[-1])
+    if not found.get("_count"):
+        return None
+    return found["_sum"] / found["_count"]
+
+
 def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, Any]:
     """Load `tasks` tasks through the first server, then let `agents` agents, split evenly
     across the servers, work through them. Server CPU is the sum over the servers, peak memory
@@ -26,11 +57,14 @@ def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, An
     pipeline = create_pipeline(servers[0])
     ids = bulk_load(servers[0], pipeline, tasks)
     cpu0 = sum(s.cpu_s() for s in servers)
+    host0 = host_cpu()
     report, wall = run_agents([s.port for s in servers], agents, "worker", "complete", 4)
+    host = host_share(host0, host_cpu())
     server_cpu = sum(s.cpu_s() for s in servers) - cpu0
     peak = max(s.peak_rss_mb() for s in servers)
     completed = report.completed
     requests = sum(len(report.latencies[e]) for e in ENDPOINTS)
+    latency_sum = sum(sum(report.latencies[e]) for e in ENDPOINTS)
     cpus = os.cpu_count() or 1
     client_cores = report.cpu_s / wall
     return {
@@ -47,12 +81,14 @@ def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, An
             }
             for e in ENDPOINTS
         },
+        "request_mean_ms": round(latency_sum / max(requests, 1) * 1000, 3),
         "completed_exactly_once": sorted(completed) == sorted(ids),
         "errors": report.errors,
         "server_cpu_cores": round(server_cpu / wall, 2),
         "client_cpu_cores": round(client_cores, 2),
         "client_bound": client_cores > 0.5 * cpus,
         "server_peak_rss_mb": round(peak, 1),
+        "host": host,
     }
 
 
@@ -70,10 +106,21 @@ def cycle(
     env: dict[str, str] | None = None,
     cmd: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One run on a new SQLite file and a fresh server (`env` and `cmd` as for BenchServer)."""
+    """One run on a new SQLite file and a fresh server (`env` and `cmd` as for BenchServer).
+    With `full`, the server's own means of its WAL syncs and of each batch's wait for one
+    (GET /metrics) come with it, where the server has them."""
     db = workdir / f"cycle-{agents}-{durability}-{uuid.uuid4().hex[:8]}.db"
     with BenchServer(db, durability=durability, env=env, cmd=cmd) as server:
         result = measure([server], agents, tasks)
+        if durability == "full":
+            metrics = server.text("/metrics")
+            for key, name in (
+                ("wal_sync_ms_mean", "nulltickets_wal_sync_duration_seconds"),
+                ("durable_wait_ms_mean", "nulltickets_durable_wait_seconds"),
+            ):
+                mean = mean_of(metrics, name)
+                if mean is not None:
+                    result[key] = round(mean * 1000, 3)
     return {"engine": "sqlite", "durability": durability, **result}
 
 

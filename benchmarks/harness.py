@@ -156,6 +156,11 @@ class BenchServer:
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
+    def text(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+            body: bytes = r.read()
+        return body.decode()
+
     def post(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body)
 

@@ -24,11 +24,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int (*xsync_fn)(void *file, int flags);
 
 #define MAX_THREADS 4
+#define MAX_BOUNDS 32
 
 typedef struct {
     PyObject_HEAD
@@ -49,7 +51,28 @@ typedef struct {
     void *file;
     int flags;
     pthread_t threads[MAX_THREADS];
+    /* How long each sync took, for GET /metrics: counts per bucket (the last: above every
+       bound) and their sum, under `mu`. */
+    int nbounds;
+    long long bounds_ns[MAX_BOUNDS];
+    long long counts[MAX_BOUNDS + 1];
+    long long sum_ns;
 } SyncThread;
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Under `mu`: one sync of `ns` nanoseconds. */
+static void observe(SyncThread *self, long long ns) {
+    int slot = 0;
+    while (slot < self->nbounds && ns > self->bounds_ns[slot])
+        slot++;
+    self->counts[slot]++;
+    self->sum_ns += ns;
+}
 
 static void notify(int fd) {
     char byte = 1;
@@ -72,12 +95,15 @@ static void *run(void *arg) {
         long long target = self->committed;
         self->started = target;
         pthread_mutex_unlock(&self->mu);
+        long long began = now_ns();
         int rc = self->xsync(self->file, self->flags);
+        long long took = now_ns() - began;
         pthread_mutex_lock(&self->mu);
         if (rc == 0) {
             if (target > self->synced)
                 self->synced = target;
             self->syncs++;
+            observe(self, took);
         } else {
             /* Which frames reached the disk is unknown now: no later sync could be trusted
                either, so the thread ends and the writer refuses writes (walsync.py). */
@@ -112,18 +138,40 @@ static void join(SyncThread *self) {
 }
 
 static int SyncThread_init(SyncThread *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"xsync", "file", "flags", "notify_fd", "threads", NULL};
+    static char *names[] = {"xsync", "file", "flags", "notify_fd", "threads", "bounds", NULL};
     unsigned long long xsync, file;
     int flags, fd, nthreads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKii|i", names, &xsync, &file, &flags, &fd,
-                                     &nthreads))
+    PyObject *bounds = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKii|iO", names, &xsync, &file, &flags, &fd,
+                                     &nthreads, &bounds))
         return -1;
-    if (nthreads < 1 || nthreads > MAX_THREADS) {
-        PyErr_SetString(PyExc_ValueError, "threads must be 1 to 4");
-        return -1;
-    }
     if (self->running) {
         PyErr_SetString(PyExc_RuntimeError, "the sync thread is running already");
+        return -1;
+    }
+    if (bounds != NULL) {
+        PyObject *seq = PySequence_Fast(bounds, "bounds must be a sequence of seconds");
+        if (seq == NULL)
+            return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > MAX_BOUNDS) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "at most 32 bounds");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double seconds = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+            if (seconds == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            self->bounds_ns[i] = (long long)(seconds * 1e9);
+        }
+        self->nbounds = (int)n;
+        Py_DECREF(seq);
+    }
+    if (nthreads < 1 || nthreads > MAX_THREADS) {
+        PyErr_SetString(PyExc_ValueError, "threads must be 1 to 4");
         return -1;
     }
     if (!xsync || !file || fd < 0) {
@@ -222,6 +270,32 @@ static PyObject *SyncThread_state(SyncThread *self, PyObject *Py_UNUSED(ignored)
     return Py_BuildValue("(LiL)", synced, failed, syncs);
 }
 
+PyDoc_STRVAR(durations_doc,
+             "durations() -> (counts, sum): how many syncs took at most each bound given at\n"
+             "start (the last count: more than every bound), and their total in seconds.");
+
+static PyObject *SyncThread_durations(SyncThread *self, PyObject *Py_UNUSED(ignored)) {
+    long long counts[MAX_BOUNDS + 1];
+    pthread_mutex_lock(&self->mu);
+    int n = self->nbounds + 1;
+    for (int i = 0; i < n; i++)
+        counts[i] = self->counts[i];
+    long long sum_ns = self->sum_ns;
+    pthread_mutex_unlock(&self->mu);
+    PyObject *list = PyList_New(n);
+    if (list == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *count = PyLong_FromLongLong(counts[i]);
+        if (count == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, count);
+    }
+    return Py_BuildValue("(Nd)", list, (double)sum_ns / 1e9);
+}
+
 PyDoc_STRVAR(idents_doc, "idents() -> tuple: the threads' identifiers, as threading.get_ident()\n"
                          "gives them on those threads (empty once they have ended).");
 
@@ -253,6 +327,7 @@ static PyMethodDef SyncThread_methods[] = {
     {"committed", (PyCFunction)SyncThread_committed, METH_O, committed_doc},
     {"sync_through", (PyCFunction)SyncThread_sync_through, METH_O, sync_through_doc},
     {"state", (PyCFunction)SyncThread_state, METH_NOARGS, state_doc},
+    {"durations", (PyCFunction)SyncThread_durations, METH_NOARGS, durations_doc},
     {"idents", (PyCFunction)SyncThread_idents, METH_NOARGS, idents_doc},
     {"stop", (PyCFunction)SyncThread_stop, METH_NOARGS, stop_doc},
     {NULL, NULL, 0, NULL},
@@ -261,8 +336,9 @@ static PyMethodDef SyncThread_methods[] = {
 static PyTypeObject SyncThreadType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "nulltickets._cext.walsync.SyncThread",
-    .tp_doc = PyDoc_STR("SyncThread(xsync, file, flags, notify_fd, threads=1): syncs a WAL\n"
-                        "file on POSIX threads that never take the GIL."),
+    .tp_doc = PyDoc_STR("SyncThread(xsync, file, flags, notify_fd, threads=1, bounds=()): syncs\n"
+                        "a WAL file on POSIX threads that never take the GIL, counting how\n"
+                        "long each sync took against `bounds` (seconds)."),
     .tp_basicsize = sizeof(SyncThread),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = SyncThread_new,

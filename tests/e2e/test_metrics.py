@@ -169,6 +169,45 @@ def test_commits_and_batches_are_timed_and_sized(client: Client) -> None:
         assert moved("nulltickets_writer_batch_size_sum") >= 4  # the pipeline and three tasks
 
 
+def test_wal_syncs_and_the_wait_for_them_are_timed_with_durability_full(make_server: Any) -> None:
+    """With `full` (the default) on SQLite the WAL is synced apart from the commits: each sync
+    is timed, and so is each batch's wait for one; with `normal` there is neither series."""
+    full = make_server().client()
+    normal = make_server(args=["--durability", "normal"]).client()
+    if TEST_BACKEND != "sqlite":
+        for c in (full, normal):
+            assert "nulltickets_wal_sync_duration_seconds" not in scrape(c)
+            c.close()
+        return
+    before = scrape(full)
+    pipeline_id, _, _ = pipeline_with_roles(full)
+    for _ in range(3):
+        make_task(full, pipeline_id)
+    after = scrape(full)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    for family in ("nulltickets_wal_sync_duration_seconds", "nulltickets_durable_wait_seconds"):
+        assert family in after, sorted(after)
+    # Every answered write waited for a sync: at least one, each timed.
+    syncs = moved("nulltickets_wal_sync_duration_seconds_count")
+    assert syncs >= 1
+    assert moved("nulltickets_wal_sync_duration_seconds_bucket", le="+Inf") == syncs
+    assert moved("nulltickets_wal_sync_duration_seconds_sum") > 0
+    # One wait per committed batch at most (a batch re-run after a failed write commits twice),
+    # and at least one per request answered here, each made in its own batch.
+    waits = moved("nulltickets_durable_wait_seconds_count")
+    assert 4 <= waits <= moved("nulltickets_writer_batches_total")
+    assert moved("nulltickets_durable_wait_seconds_sum") > 0
+    families = scrape(normal)
+    assert "nulltickets_writer_batches" in families
+    assert "nulltickets_wal_sync_duration_seconds" not in families
+    assert "nulltickets_durable_wait_seconds" not in families
+    full.close()
+    normal.close()
+
+
 def test_wal_checkpoints_are_timed(make_server: Any) -> None:
     server: Server = make_server()
     c = server.client()

@@ -185,6 +185,40 @@ def test_stop_finishes_the_commits_not_yet_synced(disk: Disk) -> None:
     os.close(r)
 
 
+def test_each_syncs_duration_is_counted_against_the_bounds(disk: Disk) -> None:
+    """GET /metrics's nulltickets_wal_sync_duration_seconds: the threads time every completed
+    sync themselves; a failed one is not counted (it ends the threads)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    address = ctypes.cast(disk.xsync, ctypes.c_void_p).value
+    st = native.SyncThread(address, 0xF11E, 3, w, 1, (0.05, 10.0))
+    assert st.durations() == ([0, 0, 0], 0.0)
+    st.committed(1)
+    st.sync_through(1)  # a sync the test does not hold: well under 10 s
+    disk.held = True
+    st.committed(2)
+    disk.wait_calls(2)
+    releaser = threading.Timer(0.2, disk.release)  # this one lasts at least 0.2 s
+    releaser.start()
+    assert st.sync_through(2) == 0
+    releaser.join()
+    counts, total = st.durations()
+    assert sum(counts) == st.state()[2] == 2
+    assert counts[1] >= 1 and counts[2] == 0  # the held one is above 0.05 s, none above 10 s
+    assert 0.2 <= total < 20
+    disk.failing = True
+    st.committed(3)
+    assert st.sync_through(3) == SQLITE_IOERR_FSYNC
+    assert st.durations()[0] == counts
+    st.stop()
+    with pytest.raises(ValueError):
+        native.SyncThread(address, 0xF11E, 3, w, 1, tuple(range(1, 34)))
+    with pytest.raises(TypeError):
+        native.SyncThread(address, 0xF11E, 3, w, 1, ("soon",))
+    os.close(r)
+    os.close(w)
+
+
 def test_bad_arguments_are_refused_before_any_thread_starts(disk: Disk) -> None:
     address = ctypes.cast(disk.xsync, ctypes.c_void_p).value
     with pytest.raises(ValueError):

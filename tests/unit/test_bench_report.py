@@ -239,3 +239,52 @@ def test_full_on_the_python_sync_thread_is_a_row_of_its_own_with_its_ratio() -> 
         ["16", "full (Python sync thread)", "720"],
     ]
     assert "full with the C sync threads over full with the Python one: 16 agents 1.25" in lines
+
+
+def test_a_histograms_mean_is_read_from_the_metrics_text() -> None:
+    from benchmarks.cycle import mean_of
+
+    text = "\n".join(
+        [
+            "# TYPE nulltickets_wal_sync_duration_seconds histogram",
+            'nulltickets_wal_sync_duration_seconds_bucket{le="0.001"} 3',
+            "nulltickets_wal_sync_duration_seconds_sum 0.0009",
+            "nulltickets_wal_sync_duration_seconds_count 3",
+            "nulltickets_durable_wait_seconds_count 0",
+            "nulltickets_durable_wait_seconds_sum 0.0",
+        ]
+    )
+    assert mean_of(text, "nulltickets_wal_sync_duration_seconds") == pytest.approx(0.0003)
+    assert mean_of(text, "nulltickets_durable_wait_seconds") is None  # nothing observed
+    assert mean_of(text, "nulltickets_commit_duration_seconds") is None  # not there
+
+
+def test_the_hosts_idle_and_steal_shares_come_from_two_readings() -> None:
+    from benchmarks.cycle import host_cpu, host_share
+
+    # user nice system idle iowait irq softirq steal
+    before = [100, 0, 50, 1000, 0, 0, 0, 10]
+    after = [500, 0, 150, 1400, 0, 0, 0, 110]
+    assert host_share(before, after) == {"idle": 0.4, "steal": 0.1}
+    assert host_share(None, after) == {}
+    reading = host_cpu()
+    if sys.platform == "linux":
+        assert reading is not None and len(reading) >= 8
+
+
+def test_the_durability_line_says_what_full_adds_to_a_request() -> None:
+    from benchmarks.__main__ import where_time_goes
+
+    x = {
+        "normal_request_mean_ms": 2.0,
+        "full_request_mean_ms": 2.5,
+        "full_durable_wait_ms_mean": 0.55,
+        "full_wal_sync_ms_mean": 0.34,
+        "host_steal_max": 0.12,
+    }
+    line = where_time_goes(x)
+    assert "2.00 ms on average with normal, 2.50 ms with full" in line
+    assert "0.55 ms waiting from its COMMIT for a WAL sync (0.34 ms the sync itself)" in line
+    assert "CPU steal up to 12%" in line
+    bare = where_time_goes({**x, "full_durable_wait_ms_mean": None, "host_steal_max": None})
+    assert "WAL sync" not in bare and "steal" not in bare

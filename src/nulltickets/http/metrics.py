@@ -170,6 +170,16 @@ STORAGE_HISTOGRAMS = {
         "nulltickets_writer_batch_size",
         "Writes per committed batch of the SQLite writer's group commit.",
     ),
+    "wal_sync_duration_seconds": (
+        "nulltickets_wal_sync_duration_seconds",
+        "Time of each sync of the SQLite WAL (the disk's fdatasync) with durability full, made "
+        "off the event loop's thread.",
+    ),
+    "durable_wait_seconds": (
+        "nulltickets_durable_wait_seconds",
+        "Time from a batch's COMMIT to its answer with durability full on SQLite: the wait for "
+        "a WAL sync begun after that commit to complete.",
+    ),
 }
 
 

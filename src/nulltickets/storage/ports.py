@@ -44,7 +44,10 @@ class StorageStats:
     COMMIT: SQLite's group-commit batch, without the WAL sync that durability `full` makes on
     a thread of its own; PostgreSQL's unit of work), and on SQLite
     checkpoint_duration_seconds (each WAL checkpoint) and writer_batch_size (writes per
-    committed batch). A backend leaves out what it does not have.
+    committed batch); with durability `full` on SQLite, where the WAL is synced apart from the
+    commits, wal_sync_duration_seconds (each sync of the WAL) and durable_wait_seconds (each
+    batch's wait, from its COMMIT, for a sync to cover it). A backend leaves out what it does
+    not have.
     """
 
     figures: dict[str, float]

@@ -231,11 +231,13 @@ class Writer:
         self.batch_sizes = Histogram(BATCH_SIZES, shared=True)
         # Durability `full` off the loop's thread (see the module's text): commits are numbered;
         # a batch waits in `_unsynced` with the number of the last commit it may depend on
-        # until a WAL sync that began after that commit has completed (`_durable`).
+        # until a WAL sync that began after that commit has completed (`_durable`), and so
+        # does the time of its commit: `durable_waits` counts how long each batch waited.
         self.syncer: walsync.Syncer | None = None
         self._committed = 0
         self._durable = 0
-        self._unsynced: deque[tuple[int, list[Entry], list[Outcome], list[Tell]]] = deque()
+        self._unsynced: deque[tuple[int, float, list[Entry], list[Outcome], list[Tell]]] = deque()
+        self.durable_waits = Histogram(COMMIT_SECONDS, shared=True)  # run_sync's threads too
         self._sync_failed: BaseException | None = None
         self._readers_waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
@@ -353,7 +355,9 @@ class Writer:
                 continue
             result, exc = outcome
             if self.syncer is not None:
+                committed_at = time.perf_counter()
                 self._sync_here(self._committed)  # covers this job's commit, and any before
+                self.durable_waits.observe(time.perf_counter() - committed_at)
             _tell(tell)
             if exc is not None:
                 raise exc
@@ -380,7 +384,7 @@ class Writer:
             return
         # Every outcome waits, failures too: a refusal may rest on a commit not yet synced. So
         # do the notifications: no long-poll or event stream hears of a commit before that.
-        self._unsynced.append((self._committed, batch, outcomes, tell))
+        self._unsynced.append((self._committed, time.perf_counter(), batch, outcomes, tell))
         self.syncer.committed(self._committed)
         self._settle()
 
@@ -412,7 +416,7 @@ class Writer:
             self._sync_failed = err
         self._durable = -1  # nothing settles as a success from now on
         while self._unsynced:  # their notifications are dropped: see on_commit
-            _, batch, _, _ = self._unsynced.popleft()
+            _, _, batch, _, _ = self._unsynced.popleft()
             self._answer(batch, [(None, self._sync_failed)] * len(batch))
         self._release_readers()
 
@@ -421,8 +425,10 @@ class Writer:
         if self.syncer is not None and self._sync_failed is None:
             # What a sync for run_sync made durable, whose report went to no loop (or another).
             self._durable = max(self._durable, self.syncer.synced)
+        now = time.perf_counter()
         while self._unsynced and self._unsynced[0][0] <= self._durable:
-            _, batch, outcomes, tell = self._unsynced.popleft()
+            _, committed_at, batch, outcomes, tell = self._unsynced.popleft()
+            self.durable_waits.observe(now - committed_at)
             _tell(tell)
             self._answer(batch, outcomes)
         if self._readers_waiting:
@@ -672,6 +678,9 @@ class SqliteDatabase:
             "checkpoint_duration_seconds": writer.checkpointer.durations,
             "writer_batch_size": writer.batch_sizes,
         }
+        if writer.syncer is not None:
+            histograms["wal_sync_duration_seconds"] = writer.syncer.durations
+            histograms["durable_wait_seconds"] = writer.durable_waits
         return StorageStats(figures, histograms)
 
     def schema_version(self) -> tuple[int, int]:

@@ -37,11 +37,13 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import apsw
 
+from nulltickets.domain.stats import COMMIT_SECONDS, Histogram
 from nulltickets.errors import StorageUnavailable
 
 try:
@@ -171,6 +173,7 @@ class Syncer(Protocol):
     wal: WalFile
     failed: StorageUnavailable | None
     name: str  # what syncs, for the log: "2 native threads", "a Python thread"
+    durations: Histogram  # how long each completed sync took, for GET /metrics
 
     @property
     def synced(self) -> int:
@@ -223,6 +226,7 @@ class ThreadSyncer:
         self._stopping = False
         self._to: tuple[asyncio.AbstractEventLoop, Report] | None = None
         self.failed: StorageUnavailable | None = None
+        self.durations = Histogram(COMMIT_SECONDS, shared=True)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
         assert self._thread.ident is not None
@@ -273,6 +277,7 @@ class ThreadSyncer:
                 if self._committed <= self._synced:  # stopping, nothing left
                     return
                 target = self._committed  # every commit up to here returned before the sync
+            began = time.perf_counter()
             try:
                 self.wal.sync()
             except BaseException as exc:
@@ -283,6 +288,7 @@ class ThreadSyncer:
                     self._cond.notify_all()
                 self._report(target, err)
                 return  # the writer stops writing (see Writer._fail_sync): nothing more to sync
+            self.durations.observe(time.perf_counter() - began)
             with self._cond:
                 self._synced = target
                 self._syncs += 1
@@ -295,6 +301,24 @@ class ThreadSyncer:
             self._cond.notify_all()
         self._thread.join()
         _sync_threads.discard(self._thread.ident or 0)
+
+
+class _NativeDurations(Histogram):
+    """The native threads' own count of their syncs' durations (kept in C, under the lock the
+    threads share), read as a Histogram."""
+
+    __slots__ = ("_thread",)
+
+    def __init__(self, thread: object) -> None:
+        super().__init__(COMMIT_SECONDS)
+        self._thread = thread
+
+    def observe(self, value: float) -> None:
+        raise TypeError("the native sync threads count their syncs themselves")
+
+    def snapshot(self) -> tuple[list[int], float]:
+        counts, total = self._thread.durations()  # type: ignore[attr-defined]
+        return list(counts), float(total)
 
 
 class NativeSyncer:
@@ -313,12 +337,13 @@ class NativeSyncer:
         os.set_blocking(self._wfd, False)  # a full pipe means a wake-up is on its way already
         try:
             self._thread = _native.SyncThread(
-                wal.xsync_address, wal.pointer, wal.flags, self._wfd, NATIVE_THREADS
+                wal.xsync_address, wal.pointer, wal.flags, self._wfd, NATIVE_THREADS, COMMIT_SECONDS
             )
         except BaseException:
             os.close(self._rfd)
             os.close(self._wfd)
             raise
+        self.durations: Histogram = _NativeDurations(self._thread)
         self._idents: tuple[int, ...] = self._thread.idents()
         _sync_threads.update(self._idents)
         self._loop: asyncio.AbstractEventLoop | None = None
