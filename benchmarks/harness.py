@@ -144,22 +144,25 @@ class BenchServer:
         """The largest peak resident set of the server's processes (the worker's)."""
         return max(_proc_peak_rss_mb(p) for p in self.pids)
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def fetch(self, method: str, path: str, body: Any = None) -> bytes:
+        """The body of the answer to one request (`body` sent as JSON)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}", data=data, method=method
         )
         with urllib.request.urlopen(req, timeout=60) as r:
-            payload = r.read()
+            payload: bytes = r.read()
+        return payload
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        payload = self.fetch(method, path, body)
         return json.loads(payload) if payload else None
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
     def text(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
-            body: bytes = r.read()
-        return body.decode()
+        return self.fetch("GET", path).decode()
 
     def post(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,6 +39,23 @@ def value(families: dict[str, list[Any]], name: str, **labels: str) -> float:
         for sample in family
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def delta(before: dict[str, list[Any]], after: dict[str, list[Any]]) -> Callable[..., float]:
+    """moved(name, **labels): how far the samples `name` with these labels moved from one scrape
+    to the next."""
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    return moved
+
+
+def pipeline_and_three_tasks(client: Client) -> None:
+    """Four writes, each answered before the next is sent."""
+    pipeline_id, _, _ = pipeline_with_roles(client)
+    for _ in range(3):
+        make_task(client, pipeline_id)
 
 
 def test_metrics_parse_and_carry_build_info_and_the_process_figures(client: Client) -> None:
@@ -91,9 +109,7 @@ def test_counters_move_as_the_api_is_used(client: Client) -> None:
     assert r.status == 200, r.body
     client.get(f"/tasks/{task_id}")
     after = scrape(client)
-
-    def moved(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+    moved = delta(before, after)
 
     assert moved("nulltickets_claims_total", result="hit") == 2
     assert moved("nulltickets_claims_total", result="empty") == 1
@@ -148,13 +164,9 @@ def test_metrics_are_gated_by_the_admin_token(make_server: Any) -> None:
 
 def test_commits_and_batches_are_timed_and_sized(client: Client) -> None:
     before = scrape(client)
-    pipeline_id, _, _ = pipeline_with_roles(client)
-    for _ in range(3):
-        make_task(client, pipeline_id)
+    pipeline_and_three_tasks(client)
     after = scrape(client)
-
-    def moved(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+    moved = delta(before, after)
 
     # Each write is committed (alone or with others): at least one commit, timed.
     assert moved("nulltickets_commit_duration_seconds_count") >= 1
@@ -180,13 +192,9 @@ def test_wal_syncs_and_the_wait_for_them_are_timed_with_durability_full(make_ser
             c.close()
         return
     before = scrape(full)
-    pipeline_id, _, _ = pipeline_with_roles(full)
-    for _ in range(3):
-        make_task(full, pipeline_id)
+    pipeline_and_three_tasks(full)
     after = scrape(full)
-
-    def moved(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+    moved = delta(before, after)
 
     for family in ("nulltickets_wal_sync_duration_seconds", "nulltickets_durable_wait_seconds"):
         assert family in after, sorted(after)
@@ -264,9 +272,7 @@ def test_long_poll_claims_count_their_wait_by_outcome(shared_server: Server) -> 
         worker.join(30)
     assert answers == [200]
     after = scrape(c)
-
-    def moved(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+    moved = delta(before, after)
 
     wait = "nulltickets_claim_wait_seconds"
     assert moved(f"{wait}_count", outcome="hit") == 1

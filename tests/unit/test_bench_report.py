@@ -49,6 +49,11 @@ def row(
     }
 
 
+def sqlite_rows(lines: list[str]) -> list[list[str]]:
+    """The agents, durability and cycles/s of each SQLite row of a rendered table."""
+    return [li.split(" | ")[2:5] for li in lines if li.startswith("| sqlite")]
+
+
 def test_the_ratio_is_after_over_before_with_every_run_kept() -> None:
     before = {**row(3000.0), "rounds_cycles_per_s": [2900.0, 3000.0, 3100.0]}
     after = {**row(2850.0), "rounds_cycles_per_s": [2850.0, 2800.0, 2900.0]}
@@ -123,7 +128,7 @@ def test_durability_rows_sit_in_the_table_with_full_over_normal_per_agent_count(
         ],
     }
     lines = render(results).splitlines()
-    body = [li.split(" | ")[2:5] for li in lines if li.startswith("| sqlite")]
+    body = sqlite_rows(lines)
     assert body == [
         ["16", "full", "900"],
         ["16", "normal", "1000"],
@@ -228,17 +233,28 @@ def test_full_on_the_python_sync_thread_is_a_row_of_its_own_with_its_ratio() -> 
             "16/full-python": dur(720.0, "full", wal_sync="python"),
         },
         "durability_ratio": [
-            {"agents": 16, "full_over_normal": 0.9, "full_over_python_sync": 1.25},
+            {
+                "agents": 16,
+                "full_over_normal": 0.9,
+                "full_over_python_sync": 1.25,
+                "normal_request_mean_ms": 2.0,
+                "full_request_mean_ms": 2.5,
+                "full_durable_wait_ms_mean": 0.55,
+                "full_wal_sync_ms_mean": 0.34,
+                "host_steal_max": 0.0,
+            },
         ],
     }
     lines = render(results).splitlines()
-    body = [li.split(" | ")[2:5] for li in lines if li.startswith("| sqlite")]
+    body = sqlite_rows(lines)
     assert body == [
         ["16", "full", "900"],
         ["16", "normal", "1000"],
         ["16", "full (Python sync thread)", "720"],
     ]
     assert "full with the C sync threads over full with the Python one: 16 agents 1.25" in lines
+    [where] = [li for li in lines if li.startswith("16 agents: a request takes")]
+    assert "0.55 ms waiting from its COMMIT for a WAL sync (0.34 ms the sync itself)" in where
 
 
 def test_a_histograms_mean_is_read_from_the_metrics_text() -> None:
