@@ -297,3 +297,41 @@ def test_long_poll_claims_count_their_wait_by_outcome(shared_server: Server) -> 
     )
     assert value(again, f"{wait}_count") == value(after, f"{wait}_count")
     c.close()
+
+
+def test_start_up_is_frozen_and_collections_are_rare_and_timed(make_server: Any) -> None:
+    """What start-up made is out of every garbage collection, a young collection waits for
+    tens of thousands of new objects (with CPython's default, 700, 16 agents made one about
+    every 30 requests, and a full one every few thousand), and each collection is timed."""
+    server: Server = make_server()
+    client = server.client()
+    before = scrape(client)
+    assert value(before, "nulltickets_gc_frozen_objects") > 10_000
+    pauses = {s.labels["generation"] for s in before["nulltickets_gc_pause_seconds"]}
+    assert pauses == {"0", "1", "2"}
+
+    def agent() -> None:  # 3 writes a cycle: a task, its claim and its run's transition
+        own = server.client()
+        pipeline_id, coder, _ = pipeline_with_roles(own)  # roles of its own: no races
+        for _ in range(60):
+            make_task(own, pipeline_id)
+            lease = claimed(own, coder)
+            r = own.post(
+                f"/runs/{lease['run']['id']}/transition",
+                {"trigger": "submit", "gates": {"tests": True}},
+                token=lease["lease_token"],
+            )
+            assert r.status == 200, r.body
+        own.close()
+
+    agents = [threading.Thread(target=agent) for _ in range(16)]
+    for t in agents:
+        t.start()
+    for t in agents:
+        t.join()
+    after = scrape(client)
+    moved = delta(before, after)
+    assert value(after, "nulltickets_transitions_total") == 16 * 60
+    assert moved("nulltickets_gc_pause_seconds_count", generation="0") <= 1
+    assert moved("nulltickets_gc_pause_seconds_count", generation="2") == 0
+    client.close()

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from nulltickets import logs
+from nulltickets import heap, logs
 from nulltickets.config import Settings
 from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
 from nulltickets.http import metrics as prometheus
@@ -69,6 +69,9 @@ class App:
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)
         _watch_parent(loop, self._begin_shutdown)
+        # Last: what start-up made is frozen, out of every later collection (heap.py).
+        ctx.collector = collector = heap.Collector()
+        collector.settle()
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._upkeep is not None:
@@ -76,6 +79,8 @@ class App:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 loop.run_until_complete(self._upkeep)
         if self.ctx is not None:
+            if self.ctx.collector is not None:
+                self.ctx.collector.close()
             self.ctx.wakeups.close()
             if self.ctx.hub is not None:
                 self.ctx.hub.close()

@@ -32,6 +32,7 @@ from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Idem, Kind, Outcome, Recorded, Service
 
 if TYPE_CHECKING:
+    from nulltickets.heap import Collector
     from nulltickets.http.metrics import Metrics
     from nulltickets.http.sse import StreamHub
 
@@ -106,6 +107,7 @@ class Context:
     wakeups: Wakeups = field(default_factory=Wakeups)
     hub: StreamHub | None = None  # GET /events/stream
     metrics: Metrics | None = None  # GET /metrics
+    collector: Collector | None = None  # the garbage collector's settings and timings
 
 
 Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)

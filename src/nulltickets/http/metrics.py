@@ -5,8 +5,9 @@ histogram per route, its bucket found by bisect; a claim also counts its outcome
 long poll, how long it waited (on the loop's thread: no lock). The storage backend times its
 commits and checkpoints the same way (Database.stats). Everything else is read when Prometheus
 scrapes: the queue per role and stage from the database, leases, waiters and streams from the
-process, the run events since the previous scrape by kind (counters of transitions, retries,
-dead letters, expiries, releases, checkpoints), the writer's batch counts and the WAL's size.
+process, the garbage collector's pauses (heap.py), the run events since the previous scrape by
+kind (counters of transitions, retries, dead letters, expiries, releases, checkpoints), the
+writer's batch counts and the WAL's size.
 On PostgreSQL the per-process figures are this process's and the queue figures the database's.
 """
 
@@ -280,6 +281,24 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
     )
     hub = ctx.hub
     out.one("nulltickets_sse_clients", "gauge", "Open event streams.", hub.clients if hub else 0)
+
+    collector = ctx.collector
+    if collector is not None:
+        name = "nulltickets_gc_pause_seconds"
+        out.family(
+            name,
+            "histogram",
+            "Time of each garbage collection in the server's process, by generation (2: a full "
+            "collection); no request moves meanwhile.",
+        )
+        for generation, hist in collector.pauses.items():
+            out.histogram(name, hist, generation=str(generation))
+        out.one(
+            "nulltickets_gc_frozen_objects",
+            "gauge",
+            "Objects start-up made, frozen at its end: no collection walks them.",
+            collector.frozen,
+        )
 
     for key, (metric, kind, help_text) in STORAGE_FIGURES.items():
         figure = stats.figures.get(key)
