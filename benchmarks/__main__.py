@@ -4,7 +4,8 @@ Sections (--sections picks some, comma-separated; all by default):
   cycle       HTTP agent cycle (claim -> event -> transition) on SQLite at 1, 4, 16, 64 agents
   durability  the same cycle at 16 and 64 agents with --durability full, normal, and full with
               its WAL synced by the Python thread instead of the C ones, their runs
-              interleaved; full's cycles/s over normal's and over the Python thread's
+              interleaved; full's cycles/s over normal's and over the Python thread's; and
+              first the disk's own fdatasync, one and two at a time (benchmarks/disk.py)
   postgres    the cycle on PostgreSQL at 16 and 64 agents: one server, and two servers on one
               database with the agents split across them (a throwaway cluster of its own)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
@@ -188,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                 "Durability full, normal and full on the Python sync thread, interleaved runs",
                 flush=True,
             )
+            from benchmarks.disk import describe, sync_floor
+
+            results["disk_sync"] = sync_floor(work, 200 if quick else 1_000)
+            print(f"  {describe(results['disk_sync'])}", flush=True)
             results["durability"], results["durability_ratio"] = durability_rows(
                 work, (4,) if quick else (16, 64), tasks_for, rounds
             )
@@ -339,6 +344,11 @@ def where_time_goes(x: dict[str, Any]) -> str:
         )
     if x.get("host_steal_max") is not None:
         line += f"; CPU steal up to {x['host_steal_max']:.0%} during the runs"
+    # full/normal = normal's time / full's, so 0.90 allows full a ninth of normal's time more.
+    line += (
+        f"; for full/normal 0.90, full may add at most {x['normal_request_mean_ms'] / 9:.2f} ms "
+        "to a request"
+    )
     return line
 
 
@@ -400,6 +410,10 @@ def render(r: dict[str, Any]) -> str:
             for x in r["durability_ratio"]
             if "full_request_mean_ms" in x
         ]
+        if "disk_sync" in r:
+            from benchmarks.disk import describe
+
+            lines.append(describe(r["disk_sync"]))
         if all("full_over_python_sync" in x for x in r["durability_ratio"]):
             lines.append(
                 "full with the C sync threads over full with the Python one: "

@@ -302,5 +302,27 @@ def test_the_durability_line_says_what_full_adds_to_a_request() -> None:
     assert "2.00 ms on average with normal, 2.50 ms with full" in line
     assert "0.55 ms waiting from its COMMIT for a WAL sync (0.34 ms the sync itself)" in line
     assert "CPU steal up to 12%" in line
+    assert line.endswith("for full/normal 0.90, full may add at most 0.22 ms to a request")
     bare = where_time_goes({**x, "full_durable_wait_ms_mean": None, "host_steal_max": None})
     assert "WAL sync" not in bare and "steal" not in bare
+
+
+def test_the_disks_own_sync_is_timed_one_and_two_at_a_time_and_rendered(tmp_path: Path) -> None:
+    from benchmarks.disk import describe, sync_floor
+
+    floor = sync_floor(tmp_path, 20)
+    assert [(c["syncers"], c["syncs"]) for c in floor.values()] == [(1, 20), (2, 40)]
+    for case in floor.values():
+        assert 0 < case["median_ms"] <= case["p90_ms"]
+    assert list(tmp_path.iterdir()) == []  # its files are gone
+    line = describe(floor)
+    assert line.startswith("This disk, with nothing else running: an fdatasync after a 16 KB")
+    assert f"{floor['two']['median_ms']:.2f} ms (p90 {floor['two']['p90_ms']:.2f}) two" in line
+    results = {
+        "machine": MACHINE,
+        "rounds": 1,
+        "durability": {"16/full": {**row(900.0, agents=16), "durability": "full"}},
+        "durability_ratio": [{"agents": 16, "full_over_normal": 0.9}],
+        "disk_sync": floor,
+    }
+    assert line in render(results).splitlines()
