@@ -69,6 +69,15 @@ def fresh_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ser
 
 
 @pytest.fixture
+def fresh_client(fresh_server: Server) -> Iterator[Client]:
+    """A client of a server of the test's own: for a test that asserts on the server's totals,
+    which nothing another test left behind (a lease expiring meanwhile) may move."""
+    c = fresh_server.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def make_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Factory for servers with custom flags; all are stopped at the end of the test."""
     servers: list[Server] = []

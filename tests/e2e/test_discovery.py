@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from openapi_spec_validator import validate
 
 from tests.conftest import create_pipeline, pipeline_with_roles, unique
-from tests.server import PIPELINE, Client, Server
+from tests.server import PIPELINE, Client
 
 # Contract §6 rows 1-27 without the OTLP rows 4-5 (the store rows 28-33 land later).
 ROUTES = [
@@ -60,13 +59,6 @@ def new_task(client: Client, pipeline_id: str) -> str:
     r = client.post("/tasks", {"pipeline_id": pipeline_id, "title": "t", "description": "d"})
     assert r.status == 201, r.body
     return str(r.json["id"])
-
-
-@pytest.fixture
-def fresh_client(fresh_server: Server) -> Iterator[Client]:
-    c = fresh_server.client()
-    yield c
-    c.close()
 
 
 # --- /health -----------------------------------------------------------------------------------

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.conftest import ID_SHAPE, create_pipeline, unique
-from tests.server import PIPELINE, Client, Server
+from tests.server import PIPELINE, Client
 
 
 def compact(value: Any) -> str:
@@ -19,13 +18,6 @@ def compact(value: Any) -> str:
 
 def post_pipeline(client: Client, definition: Any, name: str | None = None) -> Any:
     return client.post("/pipelines", {"name": name or unique("pipe"), "definition": definition})
-
-
-@pytest.fixture
-def fresh_client(fresh_server: Server) -> Iterator[Client]:
-    c = fresh_server.client()
-    yield c
-    c.close()
 
 
 def with_changes(**changes: Any) -> dict[str, Any]:
