@@ -120,6 +120,20 @@ class Unauthorized(TrackerError):
     code = "unauthorized"
 
 
+class Forbidden(TrackerError):
+    """This request is not allowed."""
+
+    code = "forbidden"
+
+
+class ForeignOrigin(Forbidden):
+    """A page of another origin may not call this server."""
+
+
+class UnknownHost(Forbidden):
+    """This server does not answer to that Host name."""
+
+
 class LeaseExpired(TrackerError):
     """Lease has expired."""
 

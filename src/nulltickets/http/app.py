@@ -20,6 +20,7 @@ from nulltickets.http import metrics as prometheus
 from nulltickets.http import ui
 from nulltickets.http.errors import EXTRA_HEADERS, error_response
 from nulltickets.http.handlers import Context, check_admin
+from nulltickets.http.origins import OriginGuard
 from nulltickets.http.request import Request
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
@@ -45,6 +46,7 @@ class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.router = Router(ROUTES + ui.UI_ROUTES)
+        self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
         # Requests still reading their body, with their deadline. One sweep a second cancels
@@ -170,6 +172,8 @@ class App:
         ctx = self.ctx
         assert ctx is not None
         path: str = scope.path
+        # Before anything else: a page of another origin, or a renamed server, gets nothing.
+        self.guard.check(scope.headers, scope.scheme, scope.method, path)
         segments = [s for s in path.split("/") if s]
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto

@@ -26,6 +26,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.InvalidStage: 400,
     e.StorageQueryError: 400,
     e.Unauthorized: 401,
+    e.Forbidden: 403,
     e.NotFound: 404,
     e.PipelineNotFound: 404,
     e.TaskNotFound: 404,
