@@ -85,6 +85,16 @@ class NotFound(TrackerError):
     code = "not_found"
 
 
+class MethodNotAllowed(TrackerError):
+    """This path does not take that method."""
+
+    code = "method_not_allowed"
+
+    def __init__(self, message: str | None = None, allowed: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
 class PipelineNotFound(TrackerError):
     """Pipeline not found."""
 

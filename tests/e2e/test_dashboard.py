@@ -120,7 +120,8 @@ def test_api_errors_stay_the_json_envelope(client: Client) -> None:
     assert r.headers["content-type"] == "application/json"
     assert r.error_code == "not_found"
     r = client.post("/", {})
-    assert (r.status, r.error_code) == (404, "not_found")
+    assert (r.status, r.error_code) == (405, "method_not_allowed")
+    assert r.headers["content-type"] == "application/json"
 
 
 def test_dashboard_routes_are_not_in_the_openapi_document(client: Client) -> None:
