@@ -18,7 +18,7 @@ async def _watch_many(port: int, clients: int, seconds: float) -> int:
     streams = []
     for _ in range(clients):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /events/stream HTTP/1.1\r\nHost: bench\r\n\r\n")
+        writer.write(b"GET /events/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         streams.append((reader, writer))
     received = 0
 

@@ -47,7 +47,7 @@ class Conn:
     async def post(self, path: str, body: bytes, token: str | None = None) -> tuple[int, bytes]:
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"{auth}Content-Length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)

@@ -111,7 +111,7 @@ static void prepare(Agent *a, int phase) {
     }
     if (phase != CLAIM) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", a->token);
     a->out_len = (size_t)snprintf(a->out, sizeof a->out,
-                                  "POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                                  "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                                   "application/json\r\n%sContent-Length: %zu\r\n\r\n%s",
                                   path, auth, strlen(body), body);
     a->out_sent = 0;

@@ -24,6 +24,8 @@ from nulltickets import admin_cli, agent_cli, db_cli, migrate_cli
 from nulltickets.config import (
     DURABILITIES,
     ENV_ACCESS_LOG,
+    ENV_ALLOWED_HOSTS,
+    ENV_ALLOWED_ORIGINS,
     ENV_DB,
     ENV_DURABILITY,
     ENV_HOST,
@@ -40,6 +42,8 @@ from nulltickets.config import (
     Settings,
     build_settings,
     parse_choice,
+    parse_hosts,
+    parse_origins,
     parse_port,
     parse_seconds,
     parse_size,
@@ -154,6 +158,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "debug, info (default), warning, error or critical",
         metavar="LEVEL",
     )
+    opt(
+        "--allowed-origins",
+        ENV_ALLOWED_ORIGINS,
+        "comma-separated origins whose web pages may call the server besides its own, e.g. "
+        "https://tracker.example.com (default: none)",
+        metavar="LIST",
+    )
+    opt(
+        "--allowed-hosts",
+        ENV_ALLOWED_HOSTS,
+        "comma-separated host names a server without a token answers to besides localhost "
+        "and the loopback addresses (default: none)",
+        metavar="LIST",
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
@@ -182,6 +200,12 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         log_level=None
         if args.log_level is None
         else parse_choice(args.log_level, LOG_LEVELS, "--log-level"),
+        allowed_origins=None
+        if args.allowed_origins is None
+        else parse_origins(args.allowed_origins, "--allowed-origins"),
+        allowed_hosts=None
+        if args.allowed_hosts is None
+        else parse_hosts(args.allowed_hosts, "--allowed-hosts"),
     )
 
 

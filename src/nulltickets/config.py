@@ -10,6 +10,7 @@ file for nullhub's `--from-json` (§16.5)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -34,6 +35,8 @@ ENV_READ_TIMEOUT = "NULLTICKETS_READ_TIMEOUT"
 ENV_ACCESS_LOG = "NULLTICKETS_ACCESS_LOG"
 ENV_LOG_FORMAT = "NULLTICKETS_LOG_FORMAT"
 ENV_LOG_LEVEL = "NULLTICKETS_LOG_LEVEL"
+ENV_ALLOWED_ORIGINS = "NULLTICKETS_ALLOWED_ORIGINS"
+ENV_ALLOWED_HOSTS = "NULLTICKETS_ALLOWED_HOSTS"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
@@ -56,6 +59,8 @@ SETTINGS = (
     ("access_log", "--access-log", "access_log", ENV_ACCESS_LOG),
     ("log_format", "--log-format", "log_format", ENV_LOG_FORMAT),
     ("log_level", "--log-level", "log_level", ENV_LOG_LEVEL),
+    ("allowed_origins", "--allowed-origins", "allowed_origins", ENV_ALLOWED_ORIGINS),
+    ("allowed_hosts", "--allowed-hosts", "allowed_hosts", ENV_ALLOWED_HOSTS),
 )
 
 
@@ -76,6 +81,10 @@ class Settings(msgspec.Struct, frozen=True):
     log_level: str = "info"
     log_format: str = "text"
     access_log: bool = False
+    # Origins whose pages count as this server's own (http/origins.py), normalized.
+    allowed_origins: tuple[str, ...] = ()
+    # Host names a server without a token answers to besides the loopback names.
+    allowed_hosts: tuple[str, ...] = ()
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -100,6 +109,8 @@ class Flags(msgspec.Struct, frozen=True):
     access_log: bool | None = None
     log_format: str | None = None
     log_level: str | None = None
+    allowed_origins: tuple[str, ...] | None = None
+    allowed_hosts: tuple[str, ...] | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -120,6 +131,8 @@ class FileConfig(msgspec.Struct, frozen=True):
     access_log: bool | None = None
     log_format: str | None = None
     log_level: str | None = None
+    allowed_origins: tuple[str, ...] | None = None
+    allowed_hosts: tuple[str, ...] | None = None
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -214,6 +227,70 @@ def parse_host(value: str, source: str) -> str:
     return value.strip()
 
 
+def _items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def parse_origins(value: str, source: str) -> tuple[str, ...]:
+    """A comma-separated list of origins (`https://tracker.example.com`, `http://host:8080`),
+    each normalized as browsers send it: lowercase, no trailing slash, no default port."""
+    found: list[str] = []
+    for item in _items(value):
+        text = item.lower().rstrip("/")
+        scheme, sep, rest = text.partition("://")
+        if scheme not in DEFAULT_PORTS or not sep or not rest or any(c in rest for c in "/?#@ "):
+            raise ConfigError(
+                f"{source} must list origins like https://tracker.example.com or "
+                f"http://host:8080 (scheme, name, optional port), got {item!r}"
+            )
+        name, colon, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
+        if colon and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            raise ConfigError(f"{source}: {item!r} has a bad port")
+        if colon and int(port) == DEFAULT_PORTS[scheme]:
+            rest = name
+        found.append(f"{scheme}://{rest}")
+    return tuple(dict.fromkeys(found))
+
+
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
+
+
+def parse_hosts(value: str, source: str) -> tuple[str, ...]:
+    """A comma-separated list of host names (or IP addresses) without ports, lowercase."""
+    found: list[str] = []
+    for item in _items(value):
+        name = item.lower().rstrip(".")
+        try:
+            address = ipaddress.ip_address(name.strip("[]"))
+        except ValueError:
+            if not name or not set(name) <= _HOST_CHARS:
+                raise ConfigError(
+                    f"{source} must list host names without a port (tracker.example.com, "
+                    f"192.0.2.7), got {item!r}"
+                ) from None
+        else:
+            name = f"[{address}]" if address.version == 6 else str(address)
+        found.append(name)
+    return tuple(dict.fromkeys(found))
+
+
+def _config_list(
+    doc: Mapping[str, Any], key: str, where: str, parse: Callable[[str, str], tuple[str, ...]]
+) -> tuple[str, ...] | None:
+    """A list of strings, or one comma-separated string."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse(value, f"{where}: {key!r}")
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return parse(",".join(value), f"{where}: {key!r}")
+    raise ConfigError(f"{where}: {key!r} must be a list of strings, got {value!r}")
+
+
 def parse_db(value: str, source: str) -> str:
     if not value:
         raise ConfigError(f"{source} must not be empty")
@@ -287,6 +364,8 @@ def read_config(path: Path) -> FileConfig | None:
         access_log=access_log,
         log_format=_config_choice(doc, "log_format", LOG_FORMATS, where),
         log_level=_config_choice(doc, "log_level", LOG_LEVELS, where),
+        allowed_origins=_config_list(doc, "allowed_origins", where, parse_origins),
+        allowed_hosts=_config_list(doc, "allowed_hosts", where, parse_hosts),
     )
 
 
@@ -423,6 +502,18 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.log_level,
             var(ENV_LOG_LEVEL, lambda v, s: parse_choice(v, LOG_LEVELS, s)),
             base.log_level,
+        ),
+        allowed_origins=_decide(
+            flags.allowed_origins,
+            file.allowed_origins,
+            var(ENV_ALLOWED_ORIGINS, parse_origins),
+            base.allowed_origins,
+        ),
+        allowed_hosts=_decide(
+            flags.allowed_hosts,
+            file.allowed_hosts,
+            var(ENV_ALLOWED_HOSTS, parse_hosts),
+            base.allowed_hosts,
         ),
     )
 

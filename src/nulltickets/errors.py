@@ -85,6 +85,16 @@ class NotFound(TrackerError):
     code = "not_found"
 
 
+class MethodNotAllowed(TrackerError):
+    """This path does not take that method."""
+
+    code = "method_not_allowed"
+
+    def __init__(self, message: str | None = None, allowed: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
 class PipelineNotFound(TrackerError):
     """Pipeline not found."""
 
@@ -118,6 +128,20 @@ class Unauthorized(TrackerError):
     """Missing or invalid bearer token."""
 
     code = "unauthorized"
+
+
+class Forbidden(TrackerError):
+    """This request is not allowed."""
+
+    code = "forbidden"
+
+
+class ForeignOrigin(Forbidden):
+    """A page of another origin may not call this server."""
+
+
+class UnknownHost(Forbidden):
+    """This server does not answer to that Host name."""
 
 
 class LeaseExpired(TrackerError):

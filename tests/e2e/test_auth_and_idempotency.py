@@ -61,7 +61,8 @@ BAD_AUTH: dict[str, dict[str, str]] = {
     "wrong-token": {"Authorization": "Bearer wrong"},
     "empty-token": {"Authorization": "Bearer "},
     "prefix-of-token": {"Authorization": "Bearer secre"},
-    "lowercase-bearer": {"Authorization": "bearer secret"},
+    "bearer-without-token": {"Authorization": "bearer"},
+    "lowercase-bearer-wrong-token": {"Authorization": "bearer secre"},
     "basic": {"Authorization": "Basic secret"},
     "no-scheme": {"Authorization": "secret"},
 }
@@ -133,6 +134,14 @@ def test_the_admin_token_opens_every_admin_route(secured: Client) -> None:
         assert r.status != 401, (method, path, r.body)
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR"])
+def test_the_scheme_word_bearer_is_taken_in_any_case(secured: Client, scheme: str) -> None:
+    r = secured.get("/tasks", headers={"Authorization": f"{scheme} {TOKEN}"})
+    assert r.status == 200, r.body
+    r = secured.get("/tasks", headers={"Authorization": f"{scheme} {TOKEN}x"})
+    assert (r.status, r.error_code) == (401, "unauthorized")
+
+
 @pytest.mark.parametrize("path", EXEMPT)
 @pytest.mark.parametrize("auth", ["none", "wrong-token"])
 def test_health_and_openapi_need_no_token(secured: Client, path: str, auth: str) -> None:
@@ -142,17 +151,18 @@ def test_health_and_openapi_need_no_token(secured: Client, path: str, auth: str)
 
 
 def test_unknown_paths_and_wrong_methods_are_401_before_routing(secured: Client) -> None:
-    for method, path in [
-        ("GET", "/nope"),
-        ("PATCH", "/tasks"),
-        ("GET", "/leases/claim"),
-        ("POST", "/health/x"),
-        ("GET", "/nope/ui"),
+    for method, path, status, code in [
+        ("GET", "/nope", 404, "not_found"),
+        ("PATCH", "/tasks", 405, "method_not_allowed"),
+        ("GET", "/leases/claim", 405, "method_not_allowed"),
+        ("POST", "/health/x", 404, "not_found"),
+        ("GET", "/nope/ui", 404, "not_found"),
     ]:
         r = secured.request(method, path)
         assert (r.status, r.error_code) == (401, "unauthorized"), (method, path)
+        assert "allow" not in r.headers  # the gate says nothing about the routes behind it
         r = secured.request(method, path, headers=admin())
-        assert (r.status, r.error_code) == (404, "not_found"), (method, path)
+        assert (r.status, r.error_code) == (status, code), (method, path)
 
 
 def test_lease_paths_need_a_bearer_at_the_gate(secured: Client) -> None:

@@ -120,7 +120,8 @@ def test_api_errors_stay_the_json_envelope(client: Client) -> None:
     assert r.headers["content-type"] == "application/json"
     assert r.error_code == "not_found"
     r = client.post("/", {})
-    assert (r.status, r.error_code) == (404, "not_found")
+    assert (r.status, r.error_code) == (405, "method_not_allowed")
+    assert r.headers["content-type"] == "application/json"
 
 
 def test_dashboard_routes_are_not_in_the_openapi_document(client: Client) -> None:
@@ -171,13 +172,14 @@ def test_writes_with_the_cookie_need_the_csrf_token_and_the_same_origin(
     body = {"name": unique("pipe"), "definition": _definition()}
     host = f"127.0.0.1:{secured_server.port}"
     refused = [
-        {"Cookie": jar},
-        {"Cookie": jar, "X-CSRF-Token": "0" * 64},
-        {"Cookie": jar, "X-CSRF-Token": csrf, "Origin": "http://evil.example"},
+        ({"Cookie": jar}, 401, "unauthorized"),
+        ({"Cookie": jar, "X-CSRF-Token": "0" * 64}, 401, "unauthorized"),
+        # Refused before the session is even looked at.
+        ({"Cookie": jar, "X-CSRF-Token": csrf, "Origin": "http://evil.example"}, 403, "forbidden"),
     ]
-    for headers in refused:
+    for headers, status, code in refused:
         answer = browser.post("/pipelines", body, headers={**headers, "Host": host})
-        assert (answer.status, answer.error_code) == (401, "unauthorized"), headers
+        assert (answer.status, answer.error_code) == (status, code), headers
     ok = {"Cookie": jar, "X-CSRF-Token": csrf, "Origin": f"http://{host}", "Host": host}
     assert browser.post("/pipelines", body, headers=ok).status == 201
     # A forged session (another token's MAC) opens nothing.

@@ -236,30 +236,51 @@ def test_unknown_paths_are_404_not_found(client: Client, path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "path"),
+    ("method", "path", "allow"),
     [
-        ("PATCH", "/tasks"),
-        ("PUT", "/tasks"),
-        ("DELETE", "/pipelines"),
-        ("POST", "/health"),
-        ("GET", "/leases/claim"),
-        ("OPTIONS", "/tasks"),
-        ("get", "/health"),
-        ("post", "/pipelines"),
-        ("Get", "/tasks"),
+        ("PATCH", "/tasks", "GET, HEAD, POST"),
+        ("PUT", "/tasks", "GET, HEAD, POST"),
+        ("DELETE", "/pipelines", "GET, HEAD, POST"),
+        ("POST", "/health", "GET, HEAD"),
+        ("GET", "/leases/claim", "POST"),
+        ("OPTIONS", "/tasks", "GET, HEAD, POST"),
+        ("DELETE", "/tasks/x", "GET, HEAD"),
+        ("POST", "/store/ns/key", "DELETE, GET, HEAD, PUT"),
+        ("get", "/health", "GET, HEAD"),
+        ("post", "/pipelines", "GET, HEAD, POST"),
+        ("Get", "/tasks", "GET, HEAD, POST"),
     ],
 )
-def test_wrong_or_lowercase_methods_are_404_not_405(client: Client, method: str, path: str) -> None:
+def test_a_wrong_method_on_a_known_path_is_405_with_allow(
+    client: Client, method: str, path: str, allow: str
+) -> None:
     r = client.request(method, path)
-    assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.status == 405
+    assert r.error_code == "method_not_allowed"
+    assert r.headers["allow"] == allow
+    assert method in r.json["error"]["message"]
 
 
-def test_head_is_404_even_on_health(client: Client) -> None:
-    r = client.request("HEAD", "/health")
-    assert r.status == 404
-    assert r.body == b""  # HEAD responses carry no body
+def test_a_wrong_method_on_an_unknown_path_stays_404(client: Client) -> None:
+    r = client.request("PATCH", "/nope")
+    assert (r.status, r.error_code) == (404, "not_found")
+    assert "allow" not in r.headers
+
+
+@pytest.mark.parametrize("path", ["/health", "/tasks", "/pipelines", "/openapi.json", "/ui/"])
+def test_head_answers_like_get_without_a_body(client: Client, path: str) -> None:
+    get = client.get(path)
+    head = client.request("HEAD", path)
+    assert (head.status, head.body) == (get.status, b"")
+    assert head.headers["content-type"] == get.headers["content-type"]
+    if path != "/health":  # /health's body carries counts that may move between the two
+        assert head.headers["content-length"] == get.headers["content-length"]
     assert client.get("/health").status == 200  # and the connection is still usable
+
+
+def test_head_of_a_missing_task_is_the_same_404_without_a_body(client: Client) -> None:
+    r = client.request("HEAD", f"/tasks/{unique('missing')}")
+    assert (r.status, r.body) == (404, b"")
 
 
 def test_get_tasks_bulk_is_a_lookup_of_a_task_named_bulk(client: Client) -> None:

@@ -78,7 +78,7 @@ def test_every_204_ends_at_once_for_a_client_that_reads_to_eof(
 def test_answers_with_a_body_keep_the_connection_alive(shared_server: Server) -> None:
     with socket.create_connection(("127.0.0.1", shared_server.port), timeout=5) as s:
         for _ in range(2):  # two requests on one connection
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             data = b""
             while b"\r\n\r\n" not in data:
                 data += s.recv(65536)

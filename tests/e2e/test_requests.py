@@ -284,7 +284,7 @@ def test_a_413_never_drops_a_keep_alive_connection_unannounced(shared_server: An
     which of the two happens may depend on timing."""
     body = padded_pipeline(LIMIT + 10)
     head = (
-        b"POST /pipelines HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"POST /pipelines HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body)
     )
     for _ in range(100):
@@ -296,7 +296,7 @@ def test_a_413_never_drops_a_keep_alive_connection_unannounced(shared_server: An
             if headers.get("connection", "").lower() == "close":
                 continue
             with contextlib.suppress(OSError):
-                sock.sendall(body + b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+                sock.sendall(body + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             status, _, _ = read_response(sock)
             assert status == 200, "connection closed although the 413 did not announce it"
 
@@ -309,7 +309,7 @@ def test_an_oversize_chunked_body_without_content_length_is_413(shared_server: A
     chunks = [b'{"name": "chunked", "definition": {"pad": "', *[b"x" * 5000] * 20, b'"}}']
     body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
     head = (
-        b"POST /pipelines HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"POST /pipelines HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
     )
     with socket.create_connection(("127.0.0.1", shared_server.port), timeout=10) as sock:
@@ -495,7 +495,7 @@ def test_a_body_that_stops_arriving_gets_408_after_the_read_timeout(make_server:
     server = make_server(args=["--read-timeout", "1"])
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(
-            b"POST /pipelines HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"POST /pipelines HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b'Content-Length: 100\r\n\r\n{"name": '
         )
         started = time.monotonic()

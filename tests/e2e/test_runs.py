@@ -202,8 +202,8 @@ def test_lease_routes_without_a_bearer_header_are_unauthorized(client: Client) -
 
 @pytest.mark.parametrize(
     "header",
-    ["Basic abc", "bearer {token}", "Bearer", "{token}", "Bearer  {token}", "Token {token}"],
-    ids=["basic", "lowercase-scheme", "no-token", "no-scheme", "two-spaces", "other-scheme"],
+    ["Basic abc", "bearer", "Bearer", "{token}", "Bearer  {token}", "Token {token}"],
+    ids=["basic", "lowercase-no-token", "no-token", "no-scheme", "two-spaces", "other-scheme"],
 )
 def test_lease_routes_reject_a_malformed_authorization_header(client: Client, header: str) -> None:
     lease, _, _ = claimed(client)

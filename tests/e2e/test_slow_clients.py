@@ -90,7 +90,7 @@ def sockets(server: Server, count: int) -> Iterator[list[socket.socket]]:
 
 def test_half_sent_headers_do_not_block_other_clients(fresh_server: Server) -> None:
     with sockets(fresh_server, 1) as [slow]:
-        slow.sendall(b"POST /pipelines HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        slow.sendall(b"POST /pipelines HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
         time.sleep(0.2)  # let the server start reading it
         assert timed_health(fresh_server) < PROMPT_S
         assert_still_open_and_silent(slow)
@@ -117,7 +117,7 @@ def test_half_sent_body_does_not_block_reads_or_writes(fresh_server: Server) -> 
         }
     ).encode()
     head = (
-        b"POST /pipelines HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /pipelines HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
     )
     half = len(body) // 2
@@ -142,7 +142,7 @@ def test_half_sent_body_does_not_block_reads_or_writes(fresh_server: Server) -> 
 
 def test_many_stalled_bodies_do_not_block_other_clients(fresh_server: Server) -> None:
     head = (
-        b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 1000\r\n\r\n{"pipeline_id": '
     )
     with sockets(fresh_server, 20) as slow:
@@ -339,7 +339,7 @@ def test_sigterm_with_a_stalled_request_still_exits_cleanly(fresh_server: Server
 def test_one_connection_serves_several_requests(fresh_server: Server) -> None:
     with sockets(fresh_server, 1) as [s]:
         for _ in range(3):
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             status, body = read_response(s)
             assert status == 200
             assert json.loads(body)["status"] == "ok"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
@@ -151,13 +152,34 @@ def test_spans_page_without_losing_rows(client: Client) -> None:
     assert seen == ids
 
 
-def test_undecodable_payloads_are_kept_raw_and_bad_json_is_refused(client: Client) -> None:
-    r = client.post(
-        "/v1/traces", body=b"\xff\x00garbage", headers={"Content-Type": "application/x-protobuf"}
-    )
-    assert r.status == 200 and r.json["stored"] == "blob" and r.json["accepted_spans"] == 0
-    r = client.post("/v1/traces", body=b"anything", headers={"Content-Type": "text/plain"})
-    assert r.status == 200 and r.json["stored"] == "blob"
+@pytest.mark.parametrize("path", ["/v1/traces", "/otlp/v1/traces"])
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/x-protobuf", b"\xff\x00garbage"),
+        ("application/protobuf", b"anything"),
+        (None, b"not protobuf"),  # no Content-Type means protobuf
+        ("text/plain", b"anything"),
+        ("application/x-www-form-urlencoded", b"a=1"),
+    ],
+)
+def test_a_body_that_is_not_otlp_is_refused_and_nothing_stored(
+    client: Client, path: str, content_type: str | None, body: bytes
+) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    before = client.post(path, {"resourceSpans": []}).json["batch_id"]
+    r = client.post(path, body=body, headers=headers)
+    assert (r.status, r.error_code) == (400, "invalid_json"), r.body
+    after = client.post(path, {"resourceSpans": []}).json["batch_id"]
+    assert after == before + 1  # the refused body made no batch
+
+
+def test_an_empty_protobuf_export_is_still_accepted(client: Client) -> None:
+    r = client.post("/v1/traces", body=b"", headers={"Content-Type": "application/x-protobuf"})
+    assert r.status == 200 and r.json["accepted_spans"] == 0
+
+
+def test_bad_json_is_refused(client: Client) -> None:
     for bad in (
         b"{nope",
         b'{"resourceSpans": 5}',

@@ -42,9 +42,9 @@ P99_LIMIT_MS = 1000.0
 STALLS: dict[str, bytes] = {
     "silent": b"",
     "half a request line": b"GET /tasks?limit=1",
-    "half the headers": b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Ty",
+    "half the headers": b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty",
     "half a body": (
-        b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 1000\r\n\r\n{"pipeline_id": '
     ),
 }
@@ -237,7 +237,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def get(path: bytes, headers: bytes = b"") -> bytes:
-    return b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    return b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n"
 
 
 def still_up(server: Server) -> None:
@@ -259,10 +259,11 @@ PROTOCOL: dict[str, bytes] = {
     "a control byte in the path": get(b"/store/ns/a\x01b"),
     "invalid UTF-8 in the raw path": get(b"/store/ns/\xff\xfe"),
     "a non-numeric Content-Length": (
-        b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}"
+        b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n{}"
     ),
     "a Content-Length beyond 2**64": (
-        b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n{}"
+        b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Length: 99999999999999999999999\r\n\r\n{}"
     ),
 }
 GRANIAN_PLAIN = (
@@ -305,7 +306,7 @@ def test_protocol_abuse_errors_are_the_json_envelope(target: Server, record: Rec
 
 def body(path: bytes, payload: bytes) -> bytes:
     return (
-        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(payload) + payload
     )
 
@@ -384,7 +385,7 @@ APP: dict[str, bytes] = {
     "percent-encoded NUL in a search": get(b"/store/search?q=a%00b"),
     "a 60 KB bearer token": get(b"/tasks", b"Authorization: Bearer " + b"a" * 60_000 + b"\r\n"),
     "claim with a huge TTL": (
-        b"POST /leases/claim HTTP/1.1\r\nHost: x\r\nContent-Length: 75\r\n\r\n"
+        b"POST /leases/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 75\r\n\r\n"
         b'{"agent_id":"a","agent_role":"r","lease_ttl_ms":1e999999999999999999999999}'
     ),
 }
@@ -469,7 +470,8 @@ def test_path_traversal_in_store_keys_stays_inside_the_store(
             body = b'{"value": {"probe": %d}}' % n
             put = raw_request(
                 target.port,
-                b"PUT " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"PUT " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n" % len(body) + body,
             )
             assert_json_answer(put)

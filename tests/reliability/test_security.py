@@ -92,7 +92,7 @@ BAD_ADMIN: dict[str, dict[str, str]] = {
     "a prefix of the token": {"Authorization": f"Bearer {TOKEN[:-1]}"},
     "the token and more": {"Authorization": f"Bearer {TOKEN}x"},
     "another case": {"Authorization": f"Bearer {TOKEN.upper()}"},
-    "lowercase scheme": {"Authorization": f"bearer {TOKEN}"},
+    "lowercase scheme, wrong token": {"Authorization": f"bearer {TOKEN}x"},
     "Basic scheme": {"Authorization": f"Basic {TOKEN}"},
     "no scheme": {"Authorization": TOKEN},
 }

@@ -71,3 +71,41 @@ def test_every_route_is_reachable_by_its_own_pattern() -> None:
         segments = [p.strip("{}") for p in route.parts]
         found = router.match(route.method, segments)
         assert found is not None and found[0] is route, route.pattern
+
+
+def test_head_takes_the_get_route_and_allowed_names_every_method_of_a_path() -> None:
+    router = Router(ROUTES)
+    head = router.match("HEAD", ["tasks", "t1"])
+    assert head is not None and head[0].pattern == "/tasks/{id}"
+    assert router.match("HEAD", ["leases", "claim"]) is None
+    assert router.allowed(["tasks"]) == ("GET", "HEAD", "POST")
+    assert router.allowed(["leases", "claim"]) == ("POST",)
+    assert router.allowed(["store", "ns", "a", "b"]) == ("DELETE", "GET", "HEAD", "PUT")
+    assert router.allowed(["nope"]) == ()
+    assert router.allowed(["tasks", "t1", "dependencies", "extra"]) == ()
+
+
+def authorized(value: str | None) -> Request:
+    return Request(
+        "GET", "/tasks", ["tasks"], "", {} if value is None else {"authorization": value}
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("BEARER abc", "abc"),
+        ("bEaReR a b ", "a b "),
+        ("Bearer  abc", " abc"),
+        ("Bearer ", ""),
+        ("Bearer", None),
+        ("Bearerabc", None),
+        ("Basic abc", None),
+        ("abc", None),
+        (None, None),
+    ],
+)
+def test_the_bearer_scheme_word_is_taken_in_any_case(value: str | None, token: str | None) -> None:
+    assert authorized(value).bearer() == token

@@ -35,8 +35,22 @@ CASES: dict[str, tuple[Any, Any, str, Any]] = {
     "access_log": (True, False, "yes", True),
     "log_format": ("text", "json", "json", "json"),
     "log_level": ("debug", "warning", "error", "error"),
+    "allowed_origins": (
+        ("http://flag.example",),
+        ["http://file.example"],
+        "http://env.example, HTTPS://Env2.example:443/",
+        ("http://env.example", "https://env2.example"),
+    ),
+    "allowed_hosts": (
+        ("flag.example",),
+        ["file.example"],
+        "Env.example.,::1",
+        ("env.example", "[::1]"),
+    ),
 }
 FLAG_FIELD = {"body_timeout_s": "read_timeout_s"}
+# What a file value (a JSON list) becomes.
+FROM_FILE = {"allowed_origins": ("http://file.example",), "allowed_hosts": ("file.example",)}
 
 
 def write(path: Path, doc: Any) -> Path:
@@ -63,7 +77,9 @@ def test_flag_beats_file_beats_environment_beats_default(
     assert getattr(build_settings(Flags(), env), setting) == env_value
     write(home / "config.json", {key: file_value})
     from_file = getattr(build_settings(Flags(), env), setting)
-    assert from_file == (str(home / file_value) if setting == "db" else file_value)
+    assert from_file == (
+        str(home / file_value) if setting == "db" else FROM_FILE.get(setting, file_value)
+    )
     flags = Flags(**{FLAG_FIELD.get(setting, setting): flag_value})
     assert getattr(build_settings(flags, env), setting) == flag_value
 
@@ -79,6 +95,15 @@ def test_flag_beats_file_beats_environment_beats_default(
         ("NULLTICKETS_ACCESS_LOG", "maybe"),
         ("NULLTICKETS_LOG_FORMAT", "xml"),
         ("NULLTICKETS_LOG_LEVEL", "loud"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "evil.example"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "ftp://evil.example"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "http://evil.example/path"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "null"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "*"),
+        ("NULLTICKETS_ALLOWED_ORIGINS", "http://evil.example:99999"),
+        ("NULLTICKETS_ALLOWED_HOSTS", "evil.example:8080"),
+        ("NULLTICKETS_ALLOWED_HOSTS", "http://evil.example"),
+        ("NULLTICKETS_ALLOWED_HOSTS", "*"),
     ],
 )
 def test_a_bad_variable_is_an_error_naming_it(var: str, value: str, tmp_path: Path) -> None:
@@ -105,6 +130,21 @@ def test_an_empty_api_token_in_the_file_wins_over_nulltickets_token(tmp_path: Pa
     write(tmp_path / "config.json", {"api_token": ""})
     env = {"NULLTICKETS_HOME": str(tmp_path), "NULLTICKETS_TOKEN": "env"}
     assert build_settings(Flags(), env).token is None
+
+
+def test_allowed_origins_and_hosts_in_a_file_may_be_one_comma_separated_string(
+    tmp_path: Path,
+) -> None:
+    write(
+        tmp_path / "config.json",
+        {"allowed_origins": "http://a.example:80, https://b.example", "allowed_hosts": "a,B"},
+    )
+    settings = build_settings(Flags(), {"NULLTICKETS_HOME": str(tmp_path)})
+    assert settings.allowed_origins == ("http://a.example", "https://b.example")
+    assert settings.allowed_hosts == ("a", "b")
+    write(tmp_path / "config.json", {"allowed_hosts": [1]})
+    with pytest.raises(ConfigError, match="'allowed_hosts' must be a list of strings"):
+        build_settings(Flags(), {"NULLTICKETS_HOME": str(tmp_path)})
 
 
 def test_config_flag_naming_a_missing_file_is_an_error(tmp_path: Path) -> None:
@@ -136,6 +176,8 @@ def test_settings_reach_the_server_worker_through_the_environment(
         (["--log-level", "loud"], "--log-level must be one of debug"),
         (["--host", ""], "--host must not be empty"),
         (["--port", "7o7"], "--port must be a port number"),
+        (["--allowed-origins", "evil.example"], "--allowed-origins must list origins"),
+        (["--allowed-hosts", "a b"], "--allowed-hosts must list host names"),
     ],
 )
 def test_a_bad_flag_value_is_one_line_and_status_1(

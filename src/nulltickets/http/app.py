@@ -15,11 +15,18 @@ from typing import Any
 
 from nulltickets import heap, logs
 from nulltickets.config import Settings
-from nulltickets.errors import NotFound, PayloadTooLarge, RequestTimeout, Unauthorized
+from nulltickets.errors import (
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+)
 from nulltickets.http import metrics as prometheus
 from nulltickets.http import ui
-from nulltickets.http.errors import EXTRA_HEADERS, error_response
+from nulltickets.http.errors import EXTRA_HEADERS, error_headers, error_response
 from nulltickets.http.handlers import Context, check_admin
+from nulltickets.http.origins import OriginGuard
 from nulltickets.http.request import Request
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
@@ -45,6 +52,7 @@ class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.router = Router(ROUTES + ui.UI_ROUTES)
+        self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
         # Requests still reading their body, with their deadline. One sweep a second cancels
@@ -144,6 +152,7 @@ class App:
             return
         started = time.perf_counter()
         route = ["unmatched"]
+        failed: BaseException | None = None
         try:
             reply = await self._handle(scope, proto, route)
             status, body = reply.status, reply.body
@@ -151,11 +160,13 @@ class App:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             status, body = error_response(exc)
-            reply = None
+            reply, failed = None, exc
         if reply is STREAMED:  # the handler sent its response itself
             status = 200
         else:
             headers = list(reply.headers) if isinstance(reply, WebReply) else [JSON]
+            if failed is not None:
+                headers.extend(error_headers(failed))
             if status == 204:
                 headers.append(CLOSE)
             extra = EXTRA_HEADERS.get(status)
@@ -170,6 +181,8 @@ class App:
         ctx = self.ctx
         assert ctx is not None
         path: str = scope.path
+        # Before anything else: a page of another origin, or a renamed server, gets nothing.
+        self.guard.check(scope.headers, scope.scheme, scope.method, path)
         segments = [s for s in path.split("/") if s]
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto
@@ -184,6 +197,11 @@ class App:
                 raise Unauthorized("missing Authorization: Bearer token")
         found = self.router.match(req.method, segments)
         if found is None:
+            allowed = self.router.allowed(segments)
+            if allowed:
+                raise MethodNotAllowed(
+                    f"{path} does not take {req.method}; it takes {', '.join(allowed)}", allowed
+                )
             raise NotFound(f"no route for {req.method} {path}")
         route, req.params = found
         route_of[0] = route.pattern

@@ -26,10 +26,12 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.InvalidStage: 400,
     e.StorageQueryError: 400,
     e.Unauthorized: 401,
+    e.Forbidden: 403,
     e.NotFound: 404,
     e.PipelineNotFound: 404,
     e.TaskNotFound: 404,
     e.DependencyTaskNotFound: 404,
+    e.MethodNotAllowed: 405,
     e.RequestTimeout: 408,
     e.RunNotRunning: 409,
     e.DuplicateName: 409,
@@ -67,6 +69,13 @@ class ErrorDetail(msgspec.Struct):
 
 class ErrorBody(msgspec.Struct):
     error: ErrorDetail
+
+
+def error_headers(exc: BaseException) -> list[tuple[str, str]]:
+    """Headers an error carries beyond its status's: a 405 names the methods the path takes."""
+    if isinstance(exc, e.MethodNotAllowed):
+        return [("allow", ", ".join(exc.allowed))]
+    return []
 
 
 def status_of(exc: BaseException) -> int:

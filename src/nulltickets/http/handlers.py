@@ -524,17 +524,22 @@ async def retry_report(ctx: Context, req: Request) -> Reply:
 
 
 async def ingest_traces(ctx: Context, req: Request) -> Reply:
+    """OTLP/JSON or OTLP/protobuf; anything that does not parse as either is refused with 400
+    invalid_json and nothing is stored (the original kept any non-JSON body and answered 200,
+    so an exporter never learned that its payload was garbage)."""
     content_type = otlp.normalize_content_type(req.header("content-type"))
-    spans: list[otlp.SpanRow] | None
     if otlp.is_json(content_type):
-        spans = otlp.spans_from_json(req.body)  # 400 invalid_json: nothing is stored
+        spans = otlp.spans_from_json(req.body)
     elif otlp.is_protobuf(content_type):
         try:
             spans = otlp.spans_from_protobuf(req.body)
-        except otlp.OtlpDecodeError:
-            spans = None  # kept raw, as the original keeps every protobuf payload
+        except otlp.OtlpDecodeError as exc:
+            raise InvalidJson(str(exc)) from None
     else:
-        spans = None
+        raise InvalidJson(
+            f"Content-Type {content_type[:100]!r} is not OTLP: send application/json or "
+            "application/x-protobuf"
+        )
     return respond(await ctx.service.ingest_traces(content_type, spans, req.body, idem(req)))
 
 

@@ -132,6 +132,9 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     if route.method in ("POST", "PUT", "DELETE"):
         codes.setdefault(409, []).append("idempotency_conflict")
         codes.setdefault(413, []).append("payload_too_large")
+    # Any route: a request from a page of another origin, or to a name a server without a
+    # token does not answer to (http/origins.py).
+    codes.setdefault(403, []).append("forbidden")
     codes.setdefault(503, []).append("storage_busy")
     for status in sorted(codes):
         responses[str(status)] = {

@@ -59,9 +59,10 @@ class Request:
         return value
 
     def bearer(self) -> str | None:
-        """The token of `Authorization: Bearer <token>` (prefix case-sensitive), else None."""
+        """The token of `Authorization: Bearer <token>`, the scheme word in any case (RFC 9110
+        §11.1), one space, the token the rest of the value; else None."""
         value = self.header("authorization")
-        if value is None or not value.startswith("Bearer "):
+        if value is None or value[6:7] != " " or value[:6].lower() != "bearer":
             return None
         return value[7:]
 

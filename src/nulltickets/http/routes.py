@@ -1,7 +1,8 @@
 """The route table: (method, path pattern) -> handler, with what OpenAPI needs to describe it.
 
-Matching follows the contract: empty path segments are ignored, a wrong method is a 404, and
-the lease routes (heartbeat and /runs/{id}/...) accept extra trailing segments.
+Matching follows the contract: empty path segments are ignored and the lease routes (heartbeat
+and /runs/{id}/...) accept extra trailing segments. A path that exists with other methods only
+is a 405 naming them (the contract said 404); HEAD is answered wherever GET is.
 """
 
 from __future__ import annotations
@@ -657,17 +658,30 @@ WRITE_METHODS = frozenset({"POST", "PUT", "DELETE"})
 class Router:
     def __init__(self, routes: tuple[Route, ...]) -> None:
         self._by_head: dict[tuple[str, str], list[Route]] = {}
+        self._any_method: dict[str, list[Route]] = {}
         for route in routes:
             head = route.parts[0] if route.parts else ""
             self._by_head.setdefault((route.method, head), []).append(route)
+            self._any_method.setdefault(head, []).append(route)
 
     def match(self, method: str, segments: list[str]) -> tuple[Route, dict[str, str]] | None:
+        """The route for a request; HEAD takes the GET route (the server sends no body)."""
         head = segments[0] if segments else ""
-        for route in self._by_head.get((method, head), ()):
+        for route in self._by_head.get(("GET" if method == "HEAD" else method, head), ()):
             params = route.match(segments)
             if params is not None:
                 return route, params
         return None
+
+    def allowed(self, segments: list[str]) -> tuple[str, ...]:
+        """The methods the path takes (for a 405's Allow), HEAD wherever GET; () for none."""
+        head = segments[0] if segments else ""
+        methods = {
+            r.method for r in self._any_method.get(head, ()) if r.match(segments) is not None
+        }
+        if "GET" in methods:
+            methods.add("HEAD")
+        return tuple(sorted(methods))
 
 
 def gate(segments: list[str]) -> Auth:

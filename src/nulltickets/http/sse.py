@@ -22,7 +22,7 @@ import msgspec
 from nulltickets.domain.model import FeedEvent
 from nulltickets.errors import InvalidCursor
 from nulltickets.http.request import Request
-from nulltickets.http.response import EVENT_STREAM, STREAMED
+from nulltickets.http.response import EVENT_STREAM, STREAMED, WebReply
 from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
 
@@ -36,6 +36,11 @@ PAGE = 1000  # events per read, live or replayed
 RETRY_MS = 2000  # how soon a browser reconnects after the stream ends
 
 _encode = msgspec.json.Encoder().encode
+HEADERS = (
+    ("content-type", EVENT_STREAM),
+    ("cache-control", "no-store"),
+    ("x-accel-buffering", "no"),
+)
 
 
 class Filters(msgspec.Struct, frozen=True):
@@ -213,17 +218,12 @@ async def stream(ctx: Context, req: Request) -> Reply:
     assert hub is not None
     filters = _filters(req)
     resume = _resume_id(req)
+    if req.method == "HEAD":  # what a GET would start with, and no stream
+        return WebReply(200, b"", HEADERS)
     client, upto = await hub.join(filters)
     try:
         backlog = await hub.replay(filters, resume, upto) if resume is not None else []
-        transport = req.proto.response_stream(
-            200,
-            [
-                ("content-type", EVENT_STREAM),
-                ("cache-control", "no-store"),
-                ("x-accel-buffering", "no"),
-            ],
-        )
+        transport = req.proto.response_stream(200, list(HEADERS))
         gone = asyncio.ensure_future(req.disconnected())
         try:
             await _serve(hub, client, transport, backlog, gone, resume or 0)
