@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import create_pipeline, unique, wait_for
 from tests.server import Client, Server, alive, descendants, server_command
 
@@ -290,6 +292,8 @@ def test_checkpoint_outside_a_worker_says_what_is_missing() -> None:
 
 # --- the command's process group -------------------------------------------------------------
 
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX's")
+
 
 def background_sleep(pid_file: Path, *, before: str = "", wait: bool = True) -> list[str]:
     """A command that starts a long sleep in the background (the worker's grandchild) and
@@ -314,6 +318,7 @@ def one_task(client: Client, pipeline: str, **fields: Any) -> str:
     return str(client.post("/tasks", body).json["id"])
 
 
+@posix_only
 def test_sigterm_ends_the_commands_whole_group_and_the_worker_exits_within_2_s(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -336,6 +341,7 @@ def test_sigterm_ends_the_commands_whole_group_and_the_worker_exits_within_2_s(
     assert task["previous_failures"] == []
 
 
+@posix_only
 def test_a_group_that_ignores_sigterm_is_sigkilled_and_the_worker_still_exits_within_2_s(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -355,6 +361,7 @@ def test_a_group_that_ignores_sigterm_is_sigkilled_and_the_worker_still_exits_wi
     assert client.get(f"/tasks/{task_id}").json["latest_run"]["status"] == "released"
 
 
+@posix_only
 def test_sigkill_of_the_worker_ends_the_commands_whole_group_and_its_watchdog(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -374,6 +381,7 @@ def test_sigkill_of_the_worker_ends_the_commands_whole_group_and_its_watchdog(
     gone_within(below)
 
 
+@posix_only
 def test_a_cancel_ends_the_commands_whole_group(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -394,6 +402,7 @@ def test_a_cancel_ends_the_commands_whole_group(
     assert b"task_cancelled" in err
 
 
+@posix_only
 def test_a_lease_taken_by_another_agent_ends_the_commands_whole_group(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -427,6 +436,7 @@ def test_a_lease_taken_by_another_agent_ends_the_commands_whole_group(
     assert latest["id"] == second.json["run"]["id"] and latest["status"] == "running"
 
 
+@posix_only
 def test_what_a_command_leaves_running_is_ended_when_it_exits(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
@@ -441,6 +451,7 @@ def test_what_a_command_leaves_running_is_ended_when_it_exits(
     gone_within([int(pid_file.read_text())])
 
 
+@posix_only
 def test_timeout_ends_the_group_and_fails_the_attempt_with_reason_timeout(
     client: Client, shared_server: Server, tmp_path: Path
 ) -> None:
