@@ -299,15 +299,17 @@ class Worker:
         for t in streams:
             t.start()
         timeout_at = None if opts.timeout_s is None else started + opts.timeout_s
+        # Still RUNNING until the outcome is settled or the task released: a stop meanwhile
+        # only sets flags, it does not cut the client that is to record the outcome.
         try:
             ending = self._watch(group, beat, timeout_at)
             code = group.end()  # also what an exited command left running in its group
         finally:
             group.close()
+            for t in streams:
+                t.join(min(1.0, self._time_left()))  # EOF, unless something left the session
+            beat.finish()
             self.phase = Phase.IDLE
-        for t in streams:
-            t.join(min(1.0, self._time_left()))  # EOF, unless something left the session
-        beat.finish()
         stderr = b"".join(tail).decode("utf-8", "replace")[-STDERR_TAIL:]
         match ending:
             case Ending.LOST:
