@@ -3,10 +3,14 @@
     nulltickets worker --role R [--base URL] [--token T] -- COMMAND [ARG...]
     nulltickets checkpoint '{"step": 2}'        merge into the task's checkpoint
     nulltickets event KIND ['{"any": "json"}']  append an event to the current run
+    nulltickets transition TRIGGER              the transition to take when the command exits 0
+    nulltickets fail REASON                     fail the attempt when the command exits
     nulltickets pause --agent-id X              release whatever agent X holds (a Stop hook)
 
 `checkpoint` and `event` read the run from the variables the worker sets (NULLTICKETS_RUN_ID,
-NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE).
+NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE);
+`transition` and `fail` write to the worker through the run's private directory
+(NULLTICKETS_RUN_DIR, channel.py): the worker acts on the choice once the command has exited.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import sys
 from typing import Any
 
-from nulltickets import remote, worker
+from nulltickets import channel, remote, worker
 from nulltickets.client import ApiError, Client
 from nulltickets.remote import CommandFailed
 
@@ -50,6 +54,27 @@ def register(commands: Any) -> None:
     p.add_argument("kind", help="the event's kind, e.g. progress")
     p.add_argument("data", nargs="?", default=None, help="JSON data, or - to read it from stdin")
     p.set_defaults(func=event_command)
+
+    p = commands.add_parser(
+        "transition",
+        help="choose the transition the task takes when the command exits 0 (inside a "
+        "worker's command)",
+        description="Choose the transition the task moves along when the command exits with "
+        "status 0 (the last choice wins). Run it inside `nulltickets worker`; what the command "
+        "prints never chooses.",
+    )
+    p.add_argument("trigger", help="one of the stage's triggers, e.g. approve")
+    p.set_defaults(func=transition_command)
+
+    p = commands.add_parser(
+        "fail",
+        help="fail the attempt with a reason when the command exits (inside a worker's command)",
+        description="Fail the attempt with REASON when the command exits, whatever its exit "
+        "status (the last choice wins); the task's retry policy decides what comes next. Run "
+        "it inside `nulltickets worker`.",
+    )
+    p.add_argument("reason", help="why the attempt failed, or - to read it from stdin")
+    p.set_defaults(func=fail_command)
 
     p = commands.add_parser(
         "pause",
@@ -120,6 +145,45 @@ def event_command(args: argparse.Namespace) -> int:
         except (ApiError, OSError) as exc:
             raise CommandFailed(f"event not written: {exc}") from None
     print(event_id)
+    return 0
+
+
+def _choose(choice: channel.Choice) -> None:
+    try:
+        channel.choose(choice)
+    except channel.NotInRun as exc:
+        raise CommandFailed(str(exc)) from None
+    except OSError as exc:
+        raise CommandFailed(f"outcome not recorded: {exc.strerror or exc}") from None
+
+
+def transition_command(args: argparse.Namespace) -> int:
+    trigger = args.trigger.strip()
+    if not trigger:
+        raise CommandFailed("the trigger must not be empty")
+    try:
+        directory = channel.run_dir()
+    except channel.NotInRun as exc:
+        raise CommandFailed(str(exc)) from None
+    try:
+        task = channel.task_of(directory)
+        stage = task["stage"]
+        triggers = sorted({t["trigger"] for t in task["available_transitions"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        triggers, stage = [], None  # the worker's answer from the server decides then
+    if triggers and trigger not in triggers:
+        raise CommandFailed(
+            f"{trigger!r} is not a transition of stage {stage!r}: one of {', '.join(triggers)}"
+        )
+    _choose(channel.Transition(trigger))
+    return 0
+
+
+def fail_command(args: argparse.Namespace) -> int:
+    reason = sys.stdin.read() if args.reason == "-" else args.reason
+    if not reason.strip():
+        raise CommandFailed("the reason must not be empty")
+    _choose(channel.Fail(reason[: channel.MAX_REASON]))
     return 0
 
 

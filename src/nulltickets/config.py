@@ -205,6 +205,22 @@ def parse_seconds(value: str, source: str) -> float:
     return seconds
 
 
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+", re.ASCII)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str, source: str) -> float:
+    """Seconds from a duration: `30s`, `5m`, `1h`, `1h30m`, `250ms`, or a bare number of
+    seconds."""
+    text = value.strip().lower()
+    if text.replace(".", "", 1).isdigit() and text.isascii():
+        return float(text)
+    if not _DURATION.fullmatch(text):
+        raise ConfigError(f"{source} must be a duration like 30s, 5m or 1h, got {value!r}")
+    return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
 def parse_choice(value: str, choices: tuple[str, ...], source: str) -> str:
     text = value.strip().lower()
     if text not in choices:

@@ -41,9 +41,9 @@ def follow_onefile_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def end_with_this_process() -> Callable[[], None] | None:
-    """A `preexec_fn` for a child that must get SIGTERM when this process dies, even by
-    SIGKILL, or None where there is no such signal. The kernel watches the thread that starts
+def end_with_this_process(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that must get `signum` (SIGTERM) when this process dies, even
+    by SIGKILL, or None where there is no such signal. The kernel watches the thread that starts
     the child: start it from a thread that lives as long as the process (the main thread)."""
     prctl = _prctl()
     if prctl is None:
@@ -51,8 +51,8 @@ def end_with_this_process() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def arm() -> None:  # in the child, between fork and exec: nothing but two system calls
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != parent:  # this process died before the line above
-            os._exit(143)
+            os._exit(128 + signum)
 
     return arm

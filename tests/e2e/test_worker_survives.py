@@ -25,7 +25,7 @@ import pytest
 from nulltickets.aclient import AsyncClient
 from nulltickets.client import ApiError, Client, Retry, RetryEvent
 from tests.conftest import unique, wait_for
-from tests.server import Server, server_command
+from tests.server import Server, alive, server_command
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ for step in range(start + 1, {STEPS} + 1):
     if int(task["title"][1:]) % 3 == 0 and os.environ["NULLTICKETS_ATTEMPT"] == "1":
         print("crashed on purpose", file=sys.stderr)
         os._exit(4)
-print("nulltickets:trigger=complete")
+# Exit status 0: the task moves along the stage's only transition.
 """
 
 
@@ -255,17 +255,31 @@ class Proxy:
         self.port = self.listener.getsockname()[1]
         self.dropped = 0
         self.closing = False
+        self.open: set[socket.socket] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
         self.closing = True
         self.listener.close()
 
+    def cut(self) -> None:
+        """A network partition: nothing gets through any more, open connections included."""
+        self.closing = True
+        with contextlib.suppress(OSError):  # wakes the accept() in progress, refuses the rest
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for sock in list(self.open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def _accept(self) -> None:
         while not self.closing:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
+                return
+            if self.closing:
+                conn.close()
                 return
             if self.tls is not None:
                 try:
@@ -277,6 +291,7 @@ class Proxy:
 
     def _serve(self, conn: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", self.server.port))
+        self.open |= {conn, upstream}
         down, up = conn.makefile("rb"), upstream.makefile("rb")
         try:
             while True:
@@ -296,6 +311,7 @@ class Proxy:
         except OSError:
             return
         finally:
+            self.open -= {conn, upstream}
             for f in (down, up, conn, upstream):
                 with contextlib.suppress(OSError):
                     f.close()
@@ -621,7 +637,7 @@ def test_max_tasks_and_once_stop_the_worker_with_a_clear_status(
         role = unique("coder")
         pipeline_id = pipeline(api, role)
         ids = [api.create_task(pipeline_id, f"t{i}") for i in range(4)]
-        ok = [sys.executable, "-c", "print('nulltickets:trigger=complete')"]
+        ok = [sys.executable, "-c", "pass"]  # status 0: along the only transition
 
         def run(*flags: str, command: list[str] = ok) -> tuple[int, str]:
             log = tmp_path / f"{unique('w')}.log"
@@ -686,7 +702,7 @@ def test_a_worker_keeps_waiting_while_the_server_is_down_and_works_when_it_is_ba
         role = unique("coder")
         pipeline_id = pipeline(api, role)
         log = tmp_path / "worker.log"
-        ok = [sys.executable, "-c", "print('nulltickets:trigger=complete')"]
+        ok = [sys.executable, "-c", "pass"]  # status 0: along the only transition
         w = start_worker(own_server, role, ok, "--once", "--wait-ms", "1000", log=log)
         own_server.kill()
         wait_for("the worker to notice", lambda: "retrying" in log.read_text(), 30)
@@ -707,8 +723,7 @@ def test_a_heartbeat_that_cannot_reach_the_server_is_retried_and_the_command_kee
         "-c",
         "import pathlib, time\n"
         f"pathlib.Path({str(started)!r}).touch()\n"
-        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
-        "print('nulltickets:trigger=complete')",
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n",
     ]
     with Client(own_server.base) as api:
         role = unique("coder")
@@ -733,3 +748,54 @@ def test_a_heartbeat_that_cannot_reach_the_server_is_retried_and_the_command_kee
                 w.wait()
         task = api.get_task(task_id)
         assert task.stage == "done" and task.previous_failures == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX's")
+def test_a_worker_cut_off_from_the_server_ends_its_commands_group_once_its_lease_expires(
+    own_server: Server, tmp_path: Path
+) -> None:
+    """Two agents on one task is what a lease prevents: a worker that cannot reach the server
+    (a partition) keeps retrying its heartbeat, but once a whole lease TTL has passed since the
+    last one the server accepted, the lease has expired there and another agent may claim the
+    task. By then the first worker's command and everything it started must be gone."""
+    pid_file = tmp_path / "sleep.pid"
+    command = ["sh", "-c", f"sleep 300 & echo $! > '{pid_file}'; wait"]
+    proxy = Proxy(own_server)
+    log = tmp_path / "worker.log"
+    with Client(own_server.base) as api:
+        role = unique("coder")
+        task_id = api.create_task(pipeline(api, role), "t")
+        w = start_worker(
+            own_server,
+            role,
+            command,
+            "--once",
+            "--lease-ttl-ms",
+            "2000",
+            "--base",  # the last --base wins: the worker goes through the proxy
+            f"http://127.0.0.1:{proxy.port}",
+            log=log,
+        )
+        try:
+            sleeper = int(
+                wait_for("the sleep's pid", lambda: pid_file.exists() and pid_file.read_text(), 30)
+            )
+            proxy.cut()
+            second = wait_for(
+                "the lease to expire and another agent to claim the task",
+                lambda: api.claim("second", role),
+                timeout=30,
+                interval=0.1,
+            )
+            assert second.task.id == task_id and second.run.attempt == 2
+            wait_for("the first command's sleep to be gone", lambda: not alive(sleeper), 5)
+            assert w.wait(30) == 1, log.read_text()
+        finally:
+            proxy.close()
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        assert "lease expired, no heartbeat reached the server" in log.read_text()
+        task = api.get_task(task_id)
+        assert task.latest_run is not msgspec.UNSET and task.latest_run.id == second.run.id
+        api.transition(second.run.id, second.lease_token, "complete")
