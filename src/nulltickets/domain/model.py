@@ -401,9 +401,10 @@ class OutcomeError(Struct):
     message: str
 
 
-class TaskOutcome(Struct):
+class TaskOutcome(Struct, omit_defaults=True):
     """What a bulk verb did to one task: `requeued` (now in `stage`), `cancelled`,
-    `already_cancelled`, or `refused` with the error the single verb would have answered."""
+    `already_cancelled`, or `refused` with the `error` the single verb would have answered
+    (only then present)."""
 
     id: str
     outcome: str
