@@ -32,10 +32,13 @@ from nulltickets.domain.model import (
     AgentReleased,
     ArtifactPage,
     Assignment,
+    BulkOutcome,
     CheckpointResult,
     ClaimResult,
     Dependency,
     EventPage,
+    FailureGroups,
+    FailurePage,
     Health,
     NamespacePage,
     Pipeline,
@@ -307,6 +310,24 @@ class AsyncClient:
         """Never claim the task again; its holder's next lease call gets 409 task_cancelled."""
         return await self.run(Calls.cancel(task_id, reason, actor=actor))
 
+    async def requeue_tasks(
+        self,
+        ids: list[str],
+        stage: str | None = None,
+        reset_attempts: bool = False,
+        reason: str | None = None,
+        *,
+        actor: str | None = None,
+    ) -> BulkOutcome:
+        """Requeue many tasks in one transaction; what happened to each, in the order given."""
+        return await self.run(Calls.requeue_tasks(ids, stage, reset_attempts, reason, actor=actor))
+
+    async def cancel_tasks(
+        self, ids: list[str], reason: str | None = None, *, actor: str | None = None
+    ) -> BulkOutcome:
+        """Cancel many tasks in one transaction; what happened to each, in the order given."""
+        return await self.run(Calls.cancel_tasks(ids, reason, actor=actor))
+
     async def list_task_events(
         self, task_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> TaskEventPage:
@@ -537,6 +558,28 @@ class AsyncClient:
     async def retry_report(self, *, limit: int | None = None) -> RetryReport:
         """Tasks waiting on a retry delay, soonest claimable first."""
         return await self.run(Calls.retry_report(limit=limit))
+
+    async def list_failures(
+        self,
+        *,
+        kind: str | None = None,
+        pipeline_id: str | None = None,
+        error: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> FailurePage:
+        """Dead-lettered, cancelled and failing tasks, newest first (kind: one of them)."""
+        return await self.run(
+            Calls.list_failures(
+                kind=kind, pipeline_id=pipeline_id, error=error, limit=limit, cursor=cursor
+            )
+        )
+
+    async def failure_groups(
+        self, *, kind: str | None = None, pipeline_id: str | None = None, limit: int | None = None
+    ) -> FailureGroups:
+        """The failed tasks grouped by state and last error, the largest groups first."""
+        return await self.run(Calls.failure_groups(kind=kind, pipeline_id=pipeline_id, limit=limit))
 
     async def list_namespaces(
         self, *, limit: int | None = None, cursor: str | None = None

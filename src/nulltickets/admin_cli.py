@@ -1,7 +1,8 @@
 """The operator's commands against a running server: look at tasks, revive or cancel them,
 follow a run.
 
-    nulltickets tasks list [--stage S] [--pipeline P] [--role R] [--limit N] [--json]
+    nulltickets tasks list [--state dead|cancelled|failing] [--stage S] [--pipeline P]
+                           [--role R] [--limit N] [--json]
     nulltickets tasks show ID [--json]
     nulltickets tasks requeue ID [--stage S] [--reset-attempts] [--reason TEXT]
     nulltickets tasks cancel ID [--reason TEXT]
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -23,6 +25,7 @@ from nulltickets import remote
 from nulltickets.client import Client
 from nulltickets.domain.model import (
     Event,
+    FailedTask,
     Task,
     TaskDetails,
     TaskEvent,
@@ -30,6 +33,8 @@ from nulltickets.domain.model import (
 from nulltickets.remote import CommandFailed
 
 PAGE_MAX = 1000  # the server's largest page
+# --state of `tasks list`: the kind of GET /ops/failures each names.
+STATES = {"dead": "dead", "dead_lettered": "dead", "cancelled": "cancelled", "failing": "failing"}
 LAST_EVENTS = 10  # what `tasks show` prints of the latest run
 TAIL_POLL_S = 0.5
 # The events that close a run: it completed (transition), failed or expired (retry_scheduled or
@@ -47,8 +52,17 @@ def register(commands: Any) -> None:
 
     p = verbs.add_parser(
         "list",
-        help="tasks as a table (or JSON), oldest first",
-        description="List tasks, oldest first, following the server's pages up to --limit.",
+        help="tasks as a table (or JSON), oldest first; with --state, failed tasks newest first",
+        description="List tasks, oldest first, following the server's pages up to --limit. "
+        "With --state, list the dead-lettered, cancelled or failing tasks instead (GET "
+        "/ops/failures): newest failure first, with the number of failed attempts and the "
+        "last error.",
+    )
+    p.add_argument(
+        "--state",
+        choices=sorted(STATES),
+        help="only tasks dead-lettered (wherever they landed), cancelled, or failing (failed "
+        "since their last transition, retrying)",
     )
     p.add_argument("--stage", help="only tasks in this stage (e.g. dead)")
     p.add_argument("--pipeline", metavar="ID", help="only tasks of this pipeline")
@@ -144,6 +158,22 @@ def fetch_tasks(
     return items[:limit]
 
 
+def fetch_failures(
+    api: Client, *, kind: str, pipeline_id: str | None = None, limit: int
+) -> list[FailedTask]:
+    """Failed tasks of one kind, newest first, following the server's pages up to `limit`."""
+    items: list[FailedTask] = []
+    cursor: str | None = None
+    while len(items) < limit:
+        size = min(PAGE_MAX, limit - len(items))
+        page = api.list_failures(kind=kind, pipeline_id=pipeline_id, limit=size, cursor=cursor)
+        items.extend(page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    return items[:limit]
+
+
 def fetch_events(api: Client, run_id: str, after: int = 0) -> list[Event]:
     """Every event of the run after event id `after`, oldest first. The one place `runs tail`
     gets events from (so it can switch to a stream without touching the rest)."""
@@ -186,12 +216,55 @@ def to_json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
+def task_state(task: Task, now: int) -> str:
+    """What a task's own row says of it: dead_lettered, cancelled (a cancel parks a task
+    under the reason "cancelled"), waiting_retry (a failed attempt's retry delay runs), or
+    "-"."""
+    if task.dead_letter_reason == "cancelled":
+        return "cancelled"
+    if task.dead_letter_reason is not None:
+        return "dead_lettered"
+    if task.next_eligible_at_ms > now:
+        return "waiting_retry"
+    return "-"
+
+
 def task_table(tasks: list[Task]) -> str:
-    header = ("ID", "STAGE", "PRIORITY", "UPDATED", "TITLE")
+    now = int(time.time() * 1000)
+    header = ("ID", "STAGE", "STATE", "PRIORITY", "UPDATED", "TITLE")
     rows = [
-        (t.id, t.stage, str(t.priority), when(t.updated_at_ms), _shorten(t.title, 60))
+        (
+            t.id,
+            t.stage,
+            task_state(t, now),
+            str(t.priority),
+            when(t.updated_at_ms),
+            _shorten(t.title, 60),
+        )
         for t in tasks
     ]
+    return _table(header, rows)
+
+
+def failure_table(items: list[FailedTask]) -> str:
+    header = ("ID", "STAGE", "STATE", "FAILURES", "AT", "ERROR", "TITLE")
+    rows = [
+        (
+            f.id,
+            f.stage,
+            f.state,
+            str(f.failures),
+            when(f.at_ms),
+            _shorten(f.last_error or "-", 40),
+            _shorten(f.title, 60),
+        )
+        for f in items
+    ]
+    return _table(header, rows)
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell; the last one (free text) as it is."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
     for row in [header, *rows]:
@@ -220,13 +293,17 @@ def task_text(
         f"pipeline    {task.pipeline_id}",
         f"stage       {task.stage} (version {task.task_version}, priority {task.priority})",
     ]
-    if task.next_eligible_at_ms > int(time.time() * 1000):
+    cancelled_at = task.cancelled_at_ms if isinstance(task.cancelled_at_ms, int) else None
+    cancelled = cancelled_at is not None
+    # A dead-lettered or cancelled task is parked at a time far beyond any date (the
+    # original's value): it is claimable again only once requeued, which the lines below say.
+    if task.dead_letter_reason is None and task.next_eligible_at_ms > int(time.time() * 1000):
         lines.append(f"eligible    from {when(task.next_eligible_at_ms)}")
-    if task.dead_letter_reason:
-        lines.append(f"dead letter {task.dead_letter_reason}")
-    if isinstance(task.cancelled_at_ms, int):
+    if task.dead_letter_reason and not (cancelled and task.dead_letter_reason == "cancelled"):
+        lines.append(f"dead letter {task.dead_letter_reason} (claimable again once requeued)")
+    if cancelled:
         reason = task.cancel_reason if isinstance(task.cancel_reason, str) else "-"
-        lines.append(f"cancelled   {when(task.cancelled_at_ms)}: {reason}")
+        lines.append(f"cancelled   {when(cancelled_at)}: {reason}")
     attempts = "unlimited" if task.max_attempts is None else str(task.max_attempts)
     lines.append(f"attempts    {len(task.previous_failures)} failed, max {attempts}")
     run = task.latest_run
@@ -270,11 +347,22 @@ def _limit(raw: str) -> int:
 
 def tasks_list(args: argparse.Namespace) -> int:
     limit = _limit(args.limit)
+    if args.state is not None:
+        return _failed_tasks_list(args, STATES[args.state], limit)
     with remote.connect(args) as api:
         tasks = fetch_tasks(
             api, stage=args.stage, pipeline_id=args.pipeline, role=args.role, limit=limit
         )
     print(to_json(tasks) if args.json else task_table(tasks))
+    return 0
+
+
+def _failed_tasks_list(args: argparse.Namespace, kind: str, limit: int) -> int:
+    if args.stage is not None or args.role is not None:
+        raise CommandFailed("--state lists failed tasks by pipeline only: leave out --stage/--role")
+    with remote.connect(args) as api:
+        items = fetch_failures(api, kind=kind, pipeline_id=args.pipeline, limit=limit)
+    print(to_json(items) if args.json else failure_table(items))
     return 0
 
 

@@ -52,10 +52,13 @@ from nulltickets.domain.model import (
     AgentReleased,
     ArtifactPage,
     Assignment,
+    BulkOutcome,
     CheckpointResult,
     ClaimResult,
     Dependency,
     EventPage,
+    FailureGroups,
+    FailurePage,
     Health,
     NamespacePage,
     Pipeline,
@@ -398,6 +401,33 @@ class Calls:
         return Call("POST", path, _as(TaskDetails), body, keyed=True)
 
     @staticmethod
+    def requeue_tasks(
+        ids: list[str],
+        stage: str | None = None,
+        reset_attempts: bool = False,
+        reason: str | None = None,
+        *,
+        actor: str | None = None,
+    ) -> Call[BulkOutcome]:
+        body = _body(
+            {
+                "ids": list(ids),
+                "stage": stage,
+                "reset_attempts": reset_attempts,
+                "reason": reason,
+                "actor": actor,
+            }
+        )
+        return Call("POST", "/tasks/requeue", _as(BulkOutcome), body, keyed=True)
+
+    @staticmethod
+    def cancel_tasks(
+        ids: list[str], reason: str | None = None, *, actor: str | None = None
+    ) -> Call[BulkOutcome]:
+        body = _body({"ids": list(ids), "reason": reason, "actor": actor})
+        return Call("POST", "/tasks/cancel", _as(BulkOutcome), body, keyed=True)
+
+    @staticmethod
     def list_task_events(
         task_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> Call[TaskEventPage]:
@@ -671,6 +701,32 @@ class Calls:
     @staticmethod
     def retry_report(*, limit: int | None = None) -> Call[RetryReport]:
         return Call("GET", _query("/ops/retrying", limit=limit), _as(RetryReport), repeatable=True)
+
+    @staticmethod
+    def list_failures(
+        *,
+        kind: str | None = None,
+        pipeline_id: str | None = None,
+        error: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Call[FailurePage]:
+        path = _query(
+            "/ops/failures",
+            kind=kind,
+            pipeline_id=pipeline_id,
+            error=error,
+            limit=limit,
+            cursor=cursor,
+        )
+        return Call("GET", path, _as(FailurePage), repeatable=True)
+
+    @staticmethod
+    def failure_groups(
+        *, kind: str | None = None, pipeline_id: str | None = None, limit: int | None = None
+    ) -> Call[FailureGroups]:
+        path = _query("/ops/failures/groups", kind=kind, pipeline_id=pipeline_id, limit=limit)
+        return Call("GET", path, _as(FailureGroups), repeatable=True)
 
     @staticmethod
     def list_namespaces(
@@ -1119,6 +1175,24 @@ class Client:
         """Never claim the task again; its holder's next lease call gets 409 task_cancelled."""
         return self.run(Calls.cancel(task_id, reason, actor=actor))
 
+    def requeue_tasks(
+        self,
+        ids: list[str],
+        stage: str | None = None,
+        reset_attempts: bool = False,
+        reason: str | None = None,
+        *,
+        actor: str | None = None,
+    ) -> BulkOutcome:
+        """Requeue many tasks in one transaction; what happened to each, in the order given."""
+        return self.run(Calls.requeue_tasks(ids, stage, reset_attempts, reason, actor=actor))
+
+    def cancel_tasks(
+        self, ids: list[str], reason: str | None = None, *, actor: str | None = None
+    ) -> BulkOutcome:
+        """Cancel many tasks in one transaction; what happened to each, in the order given."""
+        return self.run(Calls.cancel_tasks(ids, reason, actor=actor))
+
     def list_task_events(
         self, task_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> TaskEventPage:
@@ -1343,6 +1417,28 @@ class Client:
     def retry_report(self, *, limit: int | None = None) -> RetryReport:
         """Tasks waiting on a retry delay, soonest claimable first."""
         return self.run(Calls.retry_report(limit=limit))
+
+    def list_failures(
+        self,
+        *,
+        kind: str | None = None,
+        pipeline_id: str | None = None,
+        error: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> FailurePage:
+        """Dead-lettered, cancelled and failing tasks, newest first (kind: one of them)."""
+        return self.run(
+            Calls.list_failures(
+                kind=kind, pipeline_id=pipeline_id, error=error, limit=limit, cursor=cursor
+            )
+        )
+
+    def failure_groups(
+        self, *, kind: str | None = None, pipeline_id: str | None = None, limit: int | None = None
+    ) -> FailureGroups:
+        """The failed tasks grouped by state and last error, the largest groups first."""
+        return self.run(Calls.failure_groups(kind=kind, pipeline_id=pipeline_id, limit=limit))
 
     def list_namespaces(
         self, *, limit: int | None = None, cursor: str | None = None

@@ -23,9 +23,11 @@ from nulltickets import __version__, core, otlp
 from nulltickets.domain import fsm
 from nulltickets.domain.clock import Clock, Random, system_random, wall_ms
 from nulltickets.domain.commands import (
+    MAX_BULK_IDS,
     AppendEvent,
     Assign,
     CancelTask,
+    CancelTasks,
     Claim,
     CreateArtifact,
     CreatePipeline,
@@ -36,6 +38,7 @@ from nulltickets.domain.commands import (
     PutValue,
     ReleaseRun,
     RequeueTask,
+    RequeueTasks,
     WriteCheckpoint,
     compact_json,
 )
@@ -45,15 +48,19 @@ from nulltickets.domain.model import (
     Artifact,
     Assignment,
     AvailableTransition,
+    BulkOutcome,
     CheckpointResult,
     ClaimedTask,
     ClaimResult,
     Dependency,
     Event,
+    FailedTask,
+    FailureGroups,
     FeedEvent,
     Health,
     LeaseRow,
     NamespaceSummary,
+    OutcomeError,
     Pipeline,
     QueueReport,
     Released,
@@ -72,6 +79,7 @@ from nulltickets.domain.model import (
     TaskCheckpoint,
     TaskDetails,
     TaskEvent,
+    TaskOutcome,
     TaskRun,
     TraceIngest,
     TransitionResult,
@@ -86,6 +94,7 @@ from nulltickets.errors import (
     InvalidJson,
     InvalidPipeline,
     InvalidQuery,
+    InvalidRequest,
     InvalidStage,
     LeaseExpired,
     LeaseNotFound,
@@ -388,6 +397,12 @@ class Tracker:
         simply waiting. Without `cmd.stage` it stays in its stage, except that a task a
         dead-letter policy moved goes back to the stage it was dead-lettered from; a task in
         a terminal stage (done) needs an explicit stage. A task under a live lease: 409."""
+        self._requeue(b, task_id, cmd, now)
+        return self.get_task(b, task_id)
+
+    def _requeue(self, b: Backend, task_id: str, cmd: RequeueTask, now: int) -> str:
+        """`requeue` without the answer: the stage the task is now claimable in. Raises
+        before it writes anything but the reaping of expired leases."""
         if not b.task_exists(task_id):
             raise TaskNotFound()
         if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
@@ -439,7 +454,17 @@ class Tracker:
         }
         b.insert_task_event(task_id, "requeued", _json(data), now)
         self._signal(b, task.pipeline_id, target)
-        return self.get_task(b, task_id)
+        return target
+
+    def requeue_many(self, b: Backend, cmd: RequeueTasks, now: int) -> BulkOutcome:
+        """POST /tasks/requeue: each id as `requeue` would, in order; a task it refuses is
+        reported and left as it was, and the others go on."""
+        one = RequeueTask(cmd.stage, cmd.reset_attempts, cmd.reason, cmd.actor)
+
+        def act(task_id: str) -> TaskOutcome:
+            return TaskOutcome(task_id, "requeued", self._requeue(b, task_id, one, now))
+
+        return _bulk(cmd.ids, act)
 
     @staticmethod
     def _stage_before_dead_letter(b: Backend, task: Task) -> str | None:
@@ -463,6 +488,23 @@ class Tracker:
         """Never claim the task again. A live lease is revoked: its run ends `cancelled` and
         its holder's next lease call gets 409 task_cancelled. Cancelling again changes
         nothing. A task in a terminal stage is finished and cannot be cancelled (409)."""
+        self._cancel(b, task_id, cmd, now)
+        return self.get_task(b, task_id)
+
+    def cancel_many(self, b: Backend, cmd: CancelTasks, now: int) -> BulkOutcome:
+        """POST /tasks/cancel: each id as `cancel` would, in order; a task it refuses is
+        reported and left as it was, and the others go on."""
+        one = CancelTask(cmd.reason, cmd.actor)
+
+        def act(task_id: str) -> TaskOutcome:
+            changed, stage = self._cancel(b, task_id, one, now)
+            return TaskOutcome(task_id, "cancelled" if changed else "already_cancelled", stage)
+
+        return _bulk(cmd.ids, act)
+
+    def _cancel(self, b: Backend, task_id: str, cmd: CancelTask, now: int) -> tuple[bool, str]:
+        """`cancel` without the answer: (whether it cancelled the task now, its stage). Raises
+        before it writes anything but the reaping of expired leases."""
         if not b.task_exists(task_id):
             raise TaskNotFound()
         if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
@@ -476,7 +518,7 @@ class Tracker:
         assert task is not None
         cancelled_at, _ = b.task_cancellation(task_id)
         if cancelled_at is not None:
-            return self.get_task(b, task_id)  # cancelled already: the same answer again
+            return False, task.stage  # cancelled already: the same answer again
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is not None and pipeline.is_terminal(task.stage):
             raise TaskFinished(f"the task is in the terminal stage {task.stage!r}")
@@ -490,7 +532,7 @@ class Tracker:
             data["revoked_run_id"] = run_id
         b.cancel_task(task_id, cmd.reason, core.DEAD_LETTER_ELIGIBLE_AT, now)
         b.insert_task_event(task_id, "cancelled", _json(data), now)
-        return self.get_task(b, task_id)
+        return True, task.stage
 
     def list_task_events(
         self, b: Backend, task_id: str, after: int, limit: int
@@ -528,10 +570,14 @@ class Tracker:
                 _json({"reason": "lease_expired", "lease_id": lease_id, "failed_attempts": failed}),
                 now,
             )
-            self._after_failure(b, task, run_id, failed, now)
+            self._after_failure(b, task, run_id, failed, "lease_expired", now)
         return reaped
 
-    def _after_failure(self, b: Backend, task: Task, run_id: str, failed: int, now: int) -> None:
+    def _after_failure(
+        self, b: Backend, task: Task, run_id: str, failed: int, error: str | None, now: int
+    ) -> None:
+        """Retry the task later or dead-letter it, by its policy, after the failed attempt
+        `run_id` (its `failed`-th) that reported `error`."""
         pipeline = self._definition(b, task.pipeline_id)
         policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
         # The task's own retry delay wins; the stage's applies when the task set none.
@@ -560,6 +606,7 @@ class Tracker:
                 version_bump=1 if target is not None else 0,
                 reason=outcome.reason,
                 next_eligible_at_ms=core.DEAD_LETTER_ELIGIBLE_AT,
+                error=error,
                 now=now,
             )
             data = {
@@ -575,7 +622,7 @@ class Tracker:
                     for pipeline_id, stage in b.dependent_stages(task.id):
                         self._signal(b, pipeline_id, stage)
         else:
-            b.schedule_retry(task.id, outcome.next_eligible_at_ms, now)
+            b.schedule_retry(task.id, outcome.next_eligible_at_ms, error, now)
             self._signal(b, task.pipeline_id, task.stage, outcome.next_eligible_at_ms)
             data = {
                 "reason": "retry_scheduled",
@@ -799,7 +846,7 @@ class Tracker:
         if not b.end_run(lease.run_id, RunStatus.FAILED, usage, cmd.error, now):
             raise RunNotRunning()  # ended meanwhile (a reaper, a cancel): its end counted
         b.delete_lease(lease.id)
-        self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), now)
+        self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), cmd.error, now)
 
     def checkpoint(
         self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
@@ -962,10 +1009,38 @@ class Tracker:
             q.failed_count += failed
             q.stuck_count += stuck
             q.near_expiry_leases += near
-        return QueueReport(list(roles.values()), now)
+        dead, cancelled = b.parked_totals()
+        return QueueReport(list(roles.values()), now, dead, cancelled)
 
     def retry_report(self, b: Backend, now: int, limit: int) -> RetryReport:
         return RetryReport(b.retry_waiting(now, limit), now)
+
+    def list_failures(
+        self,
+        b: Backend,
+        *,
+        kind: str | None,
+        pipeline_id: str | None,
+        error: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[FailedTask], str | None]:
+        """Dead-lettered, cancelled and failing tasks, newest first (see FailedTask)."""
+        rows = b.list_failures(
+            states=failure_states(kind),
+            pipeline_id=pipeline_id,
+            error=error,
+            before=before,
+            limit=limit + 1,
+        )
+        return _page(rows, limit, lambda f: f"{f.at_ms}:{f.id}")
+
+    def failure_groups(
+        self, b: Backend, *, kind: str | None, pipeline_id: str | None, limit: int, now: int
+    ) -> FailureGroups:
+        states = failure_states(kind)
+        groups = b.failure_groups(states=states, pipeline_id=pipeline_id, limit=limit)
+        return FailureGroups(groups, now)
 
     def stage_report(self, b: Backend, now: int) -> StageReport:
         stages = [
@@ -992,6 +1067,54 @@ class Tracker:
 
     def purge_idempotency(self, b: Backend, now: int) -> int:
         return b.purge_idempotency(now - IDEMPOTENCY_RETENTION_MS)
+
+
+# The kinds GET /ops/failures lists, by the names its `kind` takes, and the state each is.
+FAILURE_KINDS = {
+    "dead": "dead_lettered",
+    "dead_lettered": "dead_lettered",
+    "cancelled": "cancelled",
+    "failing": "failing",
+}
+# What one task of a bulk verb may be refused for; anything else fails the whole request.
+BULK_REFUSALS = (TaskNotFound, TaskLeased, TaskFinished, InvalidStage)
+
+
+def failure_states(kind: str | None) -> frozenset[str]:
+    """The states a `kind` of GET /ops/failures names: a comma-separated list of dead,
+    cancelled and failing (absent or empty: all three)."""
+    if not kind:
+        return frozenset(FAILURE_KINDS.values())
+    states = set()
+    for name in kind.split(","):
+        state = FAILURE_KINDS.get(name.strip())
+        if state is None:
+            raise InvalidRequest(
+                "kind must be dead, cancelled or failing, or a comma-separated list of them"
+            )
+        states.add(state)
+    return frozenset(states)
+
+
+def _bulk(ids: list[str], act: Callable[[str], TaskOutcome]) -> BulkOutcome:
+    """Run `act` once for each id, in the order of the ids (so that two bulk verbs on one
+    PostgreSQL lock their tasks in one order), and answer in the order given. A refusal is
+    that id's outcome, not the request's."""
+    if not ids:
+        raise InvalidRequest("ids must not be empty")
+    if len(ids) > MAX_BULK_IDS:
+        raise InvalidRequest(f"ids may hold at most {MAX_BULK_IDS} task ids")
+    done: dict[str, TaskOutcome] = {}
+    for task_id in sorted(set(ids)):
+        try:
+            done[task_id] = act(task_id)
+        except BULK_REFUSALS as exc:
+            error = OutcomeError(exc.code, exc.message)
+            done[task_id] = TaskOutcome(task_id, "refused", None, error)
+    items = [done[task_id] for task_id in ids]
+    changed = sum(1 for o in done.values() if o.outcome in ("requeued", "cancelled"))
+    refused = sum(1 for o in done.values() if o.outcome == "refused")
+    return BulkOutcome(items, changed, refused)
 
 
 def _clamp(t: int) -> int:
@@ -1192,6 +1315,16 @@ class Service:
         self, task_id: str, after: int, limit: int
     ) -> tuple[list[TaskEvent], str | None]:
         return await self._read(lambda b: self.tracker.list_task_events(b, task_id, after, limit))
+
+    async def requeue_many(
+        self, cmd: RequeueTasks, idem: Idem | None = None
+    ) -> Written[BulkOutcome]:
+        t = self.tracker
+        return await self._write(idem, lambda b, now: Outcome(Kind.OK, t.requeue_many(b, cmd, now)))
+
+    async def cancel_many(self, cmd: CancelTasks, idem: Idem | None = None) -> Written[BulkOutcome]:
+        t = self.tracker
+        return await self._write(idem, lambda b, now: Outcome(Kind.OK, t.cancel_many(b, cmd, now)))
 
     async def add_dependency(
         self, task_id: str, depends_on: str, idem: Idem | None = None
@@ -1511,6 +1644,31 @@ class Service:
     async def retry_report(self, limit: int) -> RetryReport:
         now = self.clock()
         return await self._read(lambda b: self.tracker.retry_report(b, now, limit))
+
+    async def list_failures(
+        self,
+        *,
+        kind: str | None,
+        pipeline_id: str | None,
+        error: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[FailedTask], str | None]:
+        return await self._read(
+            lambda b: self.tracker.list_failures(
+                b, kind=kind, pipeline_id=pipeline_id, error=error, before=before, limit=limit
+            )
+        )
+
+    async def failure_groups(
+        self, *, kind: str | None, pipeline_id: str | None, limit: int
+    ) -> FailureGroups:
+        now = self.clock()
+        return await self._read(
+            lambda b: self.tracker.failure_groups(
+                b, kind=kind, pipeline_id=pipeline_id, limit=limit, now=now
+            )
+        )
 
     # --- the event stream and metrics ----------------------------------------------------------
 

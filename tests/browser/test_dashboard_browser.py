@@ -345,3 +345,181 @@ def test_the_store_page_lists_namespaces_and_their_keys(
     assert [k.text for k in keys][::2] == ["one", "two"]
     chosen = driver.find_element(By.CSS_SELECTOR, "#namespaces tr.chosen")
     assert chosen.get_attribute("data-namespace") == ns
+
+
+# --- failures, from the server's listing -------------------------------------------------------
+
+FILLER = 2_100  # more tasks than the page once scanned in the browser (the oldest 2,000)
+DEAD = 55  # more dead letters than one page of the Failures page (50)
+
+
+def _dead_letter_pipeline(api: Client) -> tuple[str, str]:
+    role = unique("coder")
+    definition = {
+        "initial": "todo",
+        "states": {
+            "todo": {"agent_role": role},
+            "done": {"terminal": True},
+            "dead": {"terminal": True},
+        },
+        "transitions": [{"from": "todo", "to": "done", "trigger": "submit"}],
+    }
+    r = api.post("/pipelines", {"name": unique("failing"), "definition": definition})
+    assert r.status == 201, r.body
+    return str(r.json["id"]), role
+
+
+def _fail(api: Client, role: str, error: str) -> str:
+    lease = claimed(api, role)
+    r = api.post(f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"])
+    assert r.status == 200, r.body
+    return str(lease["task"]["id"])
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server of its own with 2,100 ordinary tasks, then 55 dead letters in a dead-letter
+    stage without a role (the newest failed twice), and one cancelled task."""
+    server = Server(tmp_path_factory.mktemp("crowded") / "crowded.db").start()
+    api = server.client()
+    filler, _ = _dead_letter_pipeline(api)
+    for start in range(0, FILLER, 300):  # a bulk body stays under the body limit
+        tasks = [
+            {"pipeline_id": filler, "title": f"filler {start + i}", "description": ""}
+            for i in range(min(300, FILLER - start))
+        ]
+        r = api.post("/tasks/bulk", {"tasks": tasks})
+        assert r.status == 201, r.body
+    pipeline_id, role = _dead_letter_pipeline(api)
+    dead: list[str] = []
+    for i in range(DEAD - 1):
+        make_task(
+            api,
+            pipeline_id,
+            title=f"dead {i}",
+            retry_policy={"max_attempts": 1, "dead_letter_stage": "dead"},
+        )
+        dead.append(_fail(api, role, "disk full" if i % 2 else "timeout"))
+    policy = {"max_attempts": 2, "dead_letter_stage": "dead", "retry_delay_ms": 0}
+    newest = make_task(api, pipeline_id, title="the newest dead letter", retry_policy=policy)
+    assert _fail(api, role, "first error") == newest
+    assert _fail(api, role, "second error") == newest
+    dead.append(newest)
+    cancelled = make_task(api, pipeline_id, title="cancelled one")
+    assert api.post(f"/tasks/{cancelled}/cancel", {"reason": "not needed"}).status == 200
+    yield {"server": server, "api": api, "pipeline_id": pipeline_id, "role": role,
+           "dead": dead, "newest": newest, "cancelled": cancelled}  # fmt: skip
+    api.close()
+    server.stop()
+
+
+def _click(driver: WebDriver, css: str) -> None:
+    """Click what `css` finds as it is now: the page redraws when the live stream reports
+    something, which would make an element found before the click stale (what is ticked
+    stays ticked across redraws)."""
+    wait(driver).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+    driver.execute_script("document.querySelector(arguments[0]).click();", css)
+
+
+def _rows(driver: WebDriver) -> list[str]:
+    """The tasks of the Failures page's table, read in one script (the page may redraw)."""
+    read = "return [...document.querySelectorAll('#failures tbody tr')].map((r) => r.dataset.task);"
+    rows: list[str] = driver.execute_script(read)
+    return rows
+
+
+def test_the_failures_page_shows_the_newest_dead_letter_among_thousands_of_tasks(
+    driver: WebDriver, crowded: dict[str, Any], tmp_path: Path
+) -> None:
+    server, newest = crowded["server"], crowded["newest"]
+    assert len(crowded["api"].get("/tasks?limit=1000").json["items"]) == 1000
+    visit(driver, server, "/ui/failures?kind=dead")
+    rows = _rows(driver)
+    assert rows[0] == newest and len(rows) == 50  # newest first, one page
+    first = driver.find_element(By.CSS_SELECTOR, f"#failures tr[data-task='{newest}']")
+    assert first.find_element(By.CLASS_NAME, "last-error").text == "second error"  # the last
+    assert first.find_element(By.CLASS_NAME, "failures").text == "2"
+    assert (
+        first.find_element(By.CSS_SELECTOR, ".pill").get_attribute("data-state") == "dead_lettered"
+    )
+    assert not first.find_elements(By.CSS_SELECTOR, "button.cancel")  # it sits in a terminal stage
+    shot(driver, "failures", tmp_path)
+    _click(driver, "#older-page")
+    wait(driver).until(ec.url_contains("cursor="))
+    wait(driver).until(lambda d: _rows(d) == crowded["dead"][: DEAD - 50][::-1])
+    assert not driver.find_elements(By.ID, "older-page")
+
+
+def test_a_cancelled_task_is_labelled_cancelled_not_dead_lettered(
+    driver: WebDriver, crowded: dict[str, Any]
+) -> None:
+    cancelled = crowded["cancelled"]
+    visit(driver, crowded["server"], "/ui/failures")
+    row = driver.find_element(By.CSS_SELECTOR, f"#failures tr[data-task='{cancelled}']")
+    pill = row.find_element(By.CSS_SELECTOR, ".pill")
+    assert pill.get_attribute("data-state") == "cancelled" and pill.text == "cancelled"
+    assert "not needed" in row.text
+
+
+def test_the_overview_counts_dead_letters_where_they_landed(
+    driver: WebDriver, crowded: dict[str, Any]
+) -> None:
+    visit(driver, crowded["server"], "/ui/")
+    total = driver.find_element(By.CSS_SELECTOR, "#total-dead_lettered .n").text
+    assert total == str(DEAD) == str(crowded["api"].get("/ops/queue").json["dead_lettered"])
+    assert driver.find_element(By.CSS_SELECTOR, "#total-cancelled .n").text == "1"
+    row = driver.find_element(
+        By.CSS_SELECTOR,
+        f"#stages tr[data-stage='dead'][data-pipeline='{crowded['pipeline_id']}']",
+    )
+    assert row.get_attribute("data-role") == ""
+    assert row.find_element(By.CLASS_NAME, "c-dead_lettered").text == str(DEAD)
+
+
+def test_failures_group_by_error_and_a_group_opens_its_tasks(
+    driver: WebDriver, crowded: dict[str, Any]
+) -> None:
+    pipeline_id = crowded["pipeline_id"]
+    visit(
+        driver, crowded["server"], f"/ui/failures?view=groups&kind=dead&pipeline_id={pipeline_id}"
+    )
+    groups = {
+        g.get_attribute("data-error"): g.find_element(By.CLASS_NAME, "count").text
+        for g in driver.find_elements(By.CSS_SELECTOR, "#failure-groups tbody tr")
+    }
+    half = (DEAD - 1) // 2
+    assert groups == {"timeout": str(DEAD - 1 - half), "disk full": str(half), "second error": "1"}
+    _click(driver, "#failure-groups tr[data-error='second error'] .show-group")
+    wait(driver).until(ec.url_contains("error="))
+    wait(driver).until(lambda d: _rows(d) == [crowded["newest"]])
+
+
+def test_bulk_requeue_of_a_selection_asks_first(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, role = _dead_letter_pipeline(api)
+    picked = []
+    for error in ("a", "b", "c"):
+        make_task(api, pipeline_id, retry_policy={"max_attempts": 1})
+        picked.append(_fail(api, role, error))
+    visit(driver, server, f"/ui/failures?kind=dead&pipeline_id={pipeline_id}")
+    assert set(_rows(driver)) == set(picked)
+    for task_id in picked[:2]:
+        _click(driver, f"input.pick[data-task='{task_id}']")
+    assert driver.find_element(By.ID, "selected-count").text == "2 selected"
+    _click(driver, "#requeue-selected")
+    alert = wait(driver).until(ec.alert_is_present())
+    assert alert.text == "Requeue 2 tasks?"
+    alert.dismiss()  # nothing happens
+    assert api.get(f"/tasks/{picked[0]}").json["dead_letter_reason"] == "max_attempts_exceeded"
+    _click(driver, "#requeue-selected")
+    wait(driver).until(ec.alert_is_present()).accept()
+    wait(driver).until(lambda d: _rows(d) == [picked[2]])
+    assert "Requeued 2 tasks" in driver.find_element(By.ID, "bulk-report").text
+    assert {claimed(api, role)["task"]["id"] for _ in range(2)} == set(picked[:2])
+    # Cancel the rest of the page: select all, confirm.
+    _click(driver, "#select-page")
+    _click(driver, "#cancel-selected")
+    wait(driver).until(ec.alert_is_present()).accept()
+    wait(driver).until(lambda d: d.find_elements(By.ID, "no-failures"))
+    assert api.get(f"/tasks/{picked[2]}").json["cancelled_at_ms"]

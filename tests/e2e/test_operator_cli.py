@@ -23,7 +23,7 @@ from tests.server import Client, Server, server_command
 
 pytestmark = pytest.mark.e2e
 
-HEADER = "ID  STAGE  PRIORITY  UPDATED  TITLE"
+HEADER = "ID  STAGE  STATE  PRIORITY  UPDATED  TITLE"
 
 
 def cli(server: Server, *args: str, home: Path, **kw: Any) -> subprocess.CompletedProcess[str]:

@@ -126,3 +126,68 @@ def test_a_database_from_a_newer_nulltickets_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StartupError, match="newer"):
         migrated(db)
+
+
+def test_failed_tasks_of_an_older_file_are_listed_after_migration_0008(tmp_path: Path) -> None:
+    """Tasks dead-lettered, failing or cancelled before 0008 take their latest failed run's
+    end and error (a dead letter without one its last update), so the failures listing and
+    its groups show them as they are."""
+    from nulltickets.storage.sqlite.backend import SqliteBackend
+
+    conn = connection.connect_writer(str(tmp_path / "old.db"))
+    for number, _name, sql in connection.migrations()[:7]:
+        with conn:
+            conn.execute(sql).fetchall()
+            conn.pragma("user_version", number)
+    with conn:
+        conn.execute(
+            "INSERT INTO pipelines (id, name, definition_json, created_at_ms) "
+            "VALUES ('p', 'p', '{}', 1)"
+        )
+        tasks = [
+            # id, stage, dead_letter_reason, next_eligible_at_ms, cancelled_at_ms, updated
+            ("dead", "dead", "max_attempts_exceeded", 9_223_372_036_854_775_000, None, 500),
+            ("no-runs", "dead", "max_attempts_exceeded", 9_223_372_036_854_775_000, None, 450),
+            ("failing", "todo", None, 10_000, None, 300),
+            ("cancelled", "todo", "cancelled", 9_223_372_036_854_775_000, 400, 400),
+            ("moved-on", "review", None, 0, None, 350),
+        ]
+        for task_id, stage, reason, eligible, cancelled, updated in tasks:
+            conn.execute(
+                "INSERT INTO tasks (id, pipeline_id, stage, title, description, "
+                "dead_letter_reason, next_eligible_at_ms, cancelled_at_ms, created_at_ms, "
+                "updated_at_ms) VALUES (?, 'p', ?, ?, '', ?, ?, ?, 1, ?)",
+                (task_id, stage, task_id, reason, eligible, cancelled, updated),
+            )
+        runs = [
+            ("r1", "dead", 1, "failed", 100, "first"),
+            ("r2", "dead", 2, "failed", 200, "second"),
+            ("r3", "failing", 1, "stale", 250, "lease_expired"),
+            ("r4", "moved-on", 1, "failed", 150, "fixed since"),
+            ("r5", "moved-on", 2, "completed", 160, None),
+        ]
+        for run_id, task_id, attempt, status, ended, error in runs:
+            conn.execute(
+                "INSERT INTO runs (id, task_id, attempt, status, started_at_ms, ended_at_ms, "
+                "error_text) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                (run_id, task_id, attempt, status, ended, error),
+            )
+    assert connection.migrate(conn) == len(connection.migrations())
+    b = SqliteBackend(conn)
+    states = frozenset({"dead_lettered", "cancelled", "failing"})
+    listed = b.list_failures(states=states, pipeline_id="p", error=None, before=None, limit=10)
+    assert [(f.id, f.state, f.at_ms, f.last_error) for f in listed] == [
+        ("no-runs", "dead_lettered", 450, None),
+        ("cancelled", "cancelled", 400, None),
+        ("failing", "failing", 250, "lease_expired"),
+        ("dead", "dead_lettered", 200, "second"),
+    ]
+    assert [f.failures for f in listed] == [0, 0, 1, 2]
+    groups = b.failure_groups(states=states, pipeline_id="p", limit=10)
+    assert {(g.state, g.error, g.count) for g in groups} == {
+        ("dead_lettered", None, 1),
+        ("dead_lettered", "second", 1),
+        ("cancelled", None, 1),
+        ("failing", "lease_expired", 1),
+    }
+    conn.close()

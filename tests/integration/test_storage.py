@@ -93,6 +93,67 @@ def test_queue_report_counts_start_from_live_state_not_from_all_tasks(tmp_path: 
     assert any("idx_runs_running" in d for d in details)
 
 
+def _partial_indexes(conn: apsw.Connection) -> set[str]:
+    return {
+        name
+        for name, sql in conn.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'index'")
+        if sql is not None and " WHERE " in sql.upper().replace("\n", " ")
+    }
+
+
+def _index_of(detail: str) -> str | None:
+    """The index a plan line uses (`... USING [COVERING] INDEX name (...)`), if any."""
+    words = detail.split()
+    return words[words.index("INDEX") + 1] if "INDEX" in words else None
+
+
+# The failures an operator looks at (GET /ops/failures, its groups, the dead letters of
+# /ops/stages and /ops/queue) and the partial index each kind may walk: only its own rows.
+FAILURE_QUERIES = ("list_failures", "failure_groups", "parked_totals", "stage_board")
+FAILURE_INDEXES = {
+    "idx_tasks_dead_letters",
+    "idx_tasks_cancelled",
+    "idx_tasks_failing",
+    "idx_tasks_parked",
+}
+
+
+def test_failures_are_read_from_their_own_partial_indexes_never_from_all_tasks(
+    tmp_path: Path,
+) -> None:
+    conn = connection.connect_writer(str(tmp_path / "failures.db"))
+    connection.migrate(conn)
+    partial = _partial_indexes(conn)
+    assert partial >= FAILURE_INDEXES
+    for name in FAILURE_QUERIES:
+        sql = Q[name]
+        plan = conn.execute("EXPLAIN QUERY PLAN " + sql, dict.fromkeys(_params(sql))).fetchall()
+        details = [row[3] for row in plan]
+        for detail in details:
+            if not detail.startswith(("SCAN ", "SEARCH ")) or detail.startswith("SCAN ("):
+                continue
+            table = detail.split()[1]
+            if table in ("f", "g", "s", "ps", "us", "d", "r"):
+                continue  # the page itself, stages, dependencies, runs by task id
+            index = _index_of(detail)
+            # tasks: by primary key, by one (pipeline, stage) with a role, or a failure index
+            assert (
+                index in FAILURE_INDEXES
+                or "(id=?)" in detail
+                or (name == "stage_board" and "(pipeline_id=? AND stage=?)" in detail)
+            ), (name, detail)
+        used = {_index_of(d) for d in details}
+        if name != "stage_board":
+            assert used & FAILURE_INDEXES, (name, details)
+    # The page of failures looks up each row's runs by task id, never walking all runs.
+    plan = conn.execute(
+        "EXPLAIN QUERY PLAN " + Q["list_failures"], dict.fromkeys(_params(Q["list_failures"]))
+    ).fetchall()
+    runs = [row[3] for row in plan if row[3].startswith(("SEARCH r ", "SCAN r "))]
+    assert runs and all("(task_id=?)" in d for d in runs), runs
+    conn.close()
+
+
 DROPPED = {
     "idx_tasks_stage",
     "idx_tasks_pipeline",
@@ -107,17 +168,20 @@ DROPPED = {
 
 def test_no_query_needs_the_indexes_migrations_0004_and_0005_drop(tmp_path: Path) -> None:
     """Every named query plans without a table scan of tasks or runs (a per-stage count may
-    walk a covering index) once the redundant and unused indexes are gone, and the foreign
-    keys that reach tasks and runs stay indexed."""
+    walk a covering index, a count of the dead-lettered a partial index that holds only them)
+    once the redundant and unused indexes are gone, and the foreign keys that reach tasks and
+    runs stay indexed."""
     conn = connection.connect_writer(str(tmp_path / "idx.db"))
     connection.migrate(conn)
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'index'")}
     assert not names & DROPPED
+    partial = _partial_indexes(conn)
     for name, sql in Q.items():
         plan = conn.execute("EXPLAIN QUERY PLAN " + sql, dict.fromkeys(_params(sql))).fetchall()
         for row in plan:
             full_scan = row[3].startswith(("SCAN tasks", "SCAN runs"))
-            assert not full_scan or "COVERING INDEX" in row[3], (name, row[3])
+            bounded = "COVERING INDEX" in row[3] or _index_of(row[3]) in partial
+            assert not full_scan or bounded, (name, row[3])
     # Deleting a pipeline or a task looks up its children by an index (not a partial one)
     # that starts with the foreign key.
     for table, column in (("tasks", "pipeline_id"), ("runs", "task_id")):

@@ -166,3 +166,60 @@ def test_the_server_runs_with_fsync_on(pg_conn: psycopg.Connection[Any]) -> None
         "SELECT current_setting('fsync'), current_setting('synchronous_commit')"
     ).fetchone()
     assert row == ("on", "on")
+
+
+def test_failed_tasks_of_an_older_database_are_listed_after_migration_0004(
+    pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As SQLite's 0008: tasks dead-lettered, failing or cancelled before the migration take
+    their latest failed run's end and error (a dead letter without one its last update)."""
+    from nulltickets.storage.postgres.backend import PostgresBackend
+
+    every = migrate.migrations()
+    monkeypatch.setattr(migrate, "migrations", lambda: every[:3])
+    assert migrated(pg_empty_dsn) == 3
+    with psycopg.connect(pg_empty_dsn) as conn:
+        conn.execute(
+            "INSERT INTO pipelines (id, name, definition_json, created_at_ms) "
+            "VALUES ('p', 'p', '{}', 1)"
+        )
+        tasks = [
+            ("dead", "dead", "max_attempts_exceeded", 9_223_372_036_854_775_000, None, 500),
+            ("no-runs", "dead", "max_attempts_exceeded", 9_223_372_036_854_775_000, None, 450),
+            ("failing", "todo", None, 10_000, None, 300),
+            ("cancelled", "todo", "cancelled", 9_223_372_036_854_775_000, 400, 400),
+            ("moved-on", "review", None, 0, None, 350),
+        ]
+        for task_id, stage, reason, eligible, cancelled, updated in tasks:
+            conn.execute(
+                "INSERT INTO tasks (id, pipeline_id, stage, title, description, "
+                "dead_letter_reason, next_eligible_at_ms, cancelled_at_ms, created_at_ms, "
+                "updated_at_ms) VALUES (%s, 'p', %s, %s, '', %s, %s, %s, 1, %s)",
+                (task_id, stage, task_id, reason, eligible, cancelled, updated),
+            )
+        runs = [
+            ("r1", "dead", 1, "failed", 100, "first"),
+            ("r2", "dead", 2, "failed", 200, "second"),
+            ("r3", "failing", 1, "stale", 250, "lease_expired"),
+            ("r4", "moved-on", 1, "failed", 150, "fixed since"),
+            ("r5", "moved-on", 2, "completed", 160, None),
+        ]
+        for run_id, task_id, attempt, status, ended, error in runs:
+            conn.execute(
+                "INSERT INTO runs (id, task_id, attempt, status, started_at_ms, ended_at_ms, "
+                "error_text) VALUES (%s, %s, %s, %s, 1, %s, %s)",
+                (run_id, task_id, attempt, status, ended, error),
+            )
+    monkeypatch.setattr(migrate, "migrations", lambda: every)
+    assert migrated(pg_empty_dsn) == len(every)
+    with psycopg.connect(pg_empty_dsn) as conn:
+        b = PostgresBackend(conn)
+        states = frozenset({"dead_lettered", "cancelled", "failing"})
+        listed = b.list_failures(states=states, pipeline_id="p", error=None, before=None, limit=10)
+        assert [(f.id, f.state, f.at_ms, f.last_error) for f in listed] == [
+            ("no-runs", "dead_lettered", 450, None),
+            ("cancelled", "cancelled", 400, None),
+            ("failing", "failing", 250, "lease_expired"),
+            ("dead", "dead_lettered", 200, "second"),
+        ]
+        assert [f.failures for f in listed] == [0, 0, 1, 2]

@@ -92,3 +92,31 @@ def test_every_query_prepares_and_plans_against_the_migrated_schema(
         assert "unknown" not in types[0], (name, dict(zip(names, types[0], strict=True)))
         nulls = ", ".join(["NULL"] * len(names))
         pg_conn.execute(f"EXPLAIN EXECUTE q({nulls})" if names else "EXPLAIN EXECUTE q")
+
+
+# The failures an operator looks at, and the partial indexes (migration 0004) that hold only
+# the tasks of each kind: with sequential scans priced out, each reads tasks through them.
+FAILURE_QUERIES = ("list_failures", "failure_groups", "parked_totals", "stage_board")
+FAILURE_INDEXES = (
+    "idx_tasks_dead_letters",
+    "idx_tasks_cancelled",
+    "idx_tasks_failing",
+    "idx_tasks_parked",
+)
+
+
+@pytest.mark.parametrize("name", FAILURE_QUERIES)
+def test_failures_are_read_from_their_own_partial_indexes_never_from_all_tasks(
+    pg_conn: psycopg.Connection[Any], name: str
+) -> None:
+    sql, names = numbered(Q[name])
+    with pg_conn.transaction(force_rollback=True):
+        pg_conn.execute("SET LOCAL enable_seqscan = off")
+        pg_conn.execute(f"PREPARE q AS {sql}")
+        # Every kind asked for (a NULL flag would plan that kind away), the rest NULL.
+        flags = {"dead", "cancelled", "failing"}
+        args = ", ".join("TRUE" if n in flags else "NULL" for n in names)
+        rows = pg_conn.execute(f"EXPLAIN EXECUTE q({args})" if names else "EXPLAIN EXECUTE q")
+        plan = "\n".join(row[0] for row in rows)
+    assert "Seq Scan on tasks" not in plan, plan
+    assert any(index in plan for index in FAILURE_INDEXES), plan

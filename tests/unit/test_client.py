@@ -39,6 +39,10 @@ SAMPLES: dict[str, Call[Any]] = {
     "get_checkpoint": Calls.get_checkpoint("t1"),
     "requeue": Calls.requeue("t1", stage="todo", reset_attempts=True, reason="typo"),
     "cancel": Calls.cancel("t1", "not needed"),
+    "requeue_tasks": Calls.requeue_tasks(["t1", "t2"], reason="fixed"),
+    "cancel_tasks": Calls.cancel_tasks(["t1"], "not needed"),
+    "list_failures": Calls.list_failures(kind="dead", limit=5),
+    "failure_groups": Calls.failure_groups(kind="failing"),
     "add_dependency": Calls.add_dependency("t1", "t2"),
     "list_dependencies": Calls.list_dependencies("t1"),
     "assign": Calls.assign("t1", "a1"),
@@ -125,6 +129,20 @@ def test_requeue_and_cancel_send_the_operator_verbs_bodies() -> None:
     }
     assert msgspec.json.decode(Calls.requeue("t1").body or b"") == {"reset_attempts": False}
     assert msgspec.json.decode(Calls.cancel("t1").body or b"") == {}
+
+
+def test_bulk_verbs_and_the_failures_listing_send_what_the_routes_take() -> None:
+    assert SAMPLES["requeue_tasks"].path == "/tasks/requeue"
+    assert msgspec.json.decode(SAMPLES["requeue_tasks"].body or b"") == {
+        "ids": ["t1", "t2"],
+        "reset_attempts": False,
+        "reason": "fixed",
+    }
+    assert msgspec.json.decode(Calls.cancel_tasks(["t1"]).body or b"") == {"ids": ["t1"]}
+    assert SAMPLES["list_failures"].path == "/ops/failures?kind=dead&limit=5"
+    listed = Calls.list_failures(kind="dead,failing", error="disk full", cursor="12:ab")
+    assert listed.path == "/ops/failures?kind=dead%2Cfailing&error=disk+full&cursor=12%3Aab"
+    assert SAMPLES["failure_groups"].path == "/ops/failures/groups?kind=failing"
 
 
 def test_paths_quote_ids_and_keep_the_slashes_of_store_keys() -> None:

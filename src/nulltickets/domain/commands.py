@@ -147,6 +147,29 @@ class CancelTask(Struct):
     actor: str | None = None
 
 
+MAX_BULK_IDS = 500
+
+
+class RequeueTasks(Struct):
+    """POST /tasks/requeue: requeue each task of `ids` (1..500) as POST /tasks/{id}/requeue
+    would, with the same `stage`, `reset_attempts`, `reason` and `actor` for all."""
+
+    ids: list[str]
+    stage: str | None = None
+    reset_attempts: bool | None = None
+    reason: str | None = None
+    actor: str | None = None
+
+
+class CancelTasks(Struct):
+    """POST /tasks/cancel: cancel each task of `ids` (1..500) as POST /tasks/{id}/cancel
+    would."""
+
+    ids: list[str]
+    reason: str | None = None
+    actor: str | None = None
+
+
 class CreateArtifact(Struct):
     kind: str
     uri: str

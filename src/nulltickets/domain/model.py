@@ -314,18 +314,24 @@ class RoleQueue(Struct):
 
 
 class QueueReport(Struct):
+    """The queue per role (contract §15), and how many tasks are dead-lettered and how many
+    cancelled in every pipeline and stage (dead-letter stages without a role included)."""
+
     roles: list[RoleQueue]
     generated_at_ms: int
+    dead_lettered: int = 0
+    cancelled: int = 0
 
 
 class StageQueue(Struct):
     """Where the tasks of one (pipeline, stage) with a role stand. Each task counts once:
     leased first, then dead-lettered or cancelled, then waiting on a retry delay, then blocked
-    by unfinished dependencies; the rest are claimable."""
+    by unfinished dependencies; the rest are claimable. A stage without a role (`role` null)
+    is listed when dead-lettered or cancelled tasks landed there (a dead-letter stage)."""
 
     pipeline_id: str
     stage: str
-    role: str
+    role: str | None
     claimable: int
     oldest_claimable_age_ms: int | None
     leased: int
@@ -341,6 +347,78 @@ class StageReport(Struct):
     stages: list[StageQueue]
     transitions_per_minute: list[int]
     generated_at_ms: int
+
+
+class FailedTask(Struct):
+    """A task on the failures listing (GET /ops/failures). `state`: `dead_lettered` (its retry
+    policy gave up; wherever it landed), `cancelled` (an operator cancelled it), or `failing`
+    (it failed since its last transition and will be retried, or is being retried now:
+    `leased`). `at_ms`, the listing's order: the end of its latest failed attempt, or its
+    cancellation. `last_error`: what the latest failed attempt reported (`lease_expired` when
+    its lease ran out); `failures`: its failed attempts over its whole life.
+    `next_eligible_at_ms`: for a failing task, when it may be claimed again."""
+
+    id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    priority: int
+    state: str
+    at_ms: int
+    failures: int
+    last_error: str | None
+    failed_at_ms: int | None
+    dead_letter_reason: str | None
+    cancelled_at_ms: int | None
+    cancel_reason: str | None
+    next_eligible_at_ms: int | None
+    leased: bool
+
+
+class FailurePage(Struct):
+    items: list[FailedTask]
+    next_cursor: str | None
+
+
+class FailureGroup(Struct):
+    """Failed tasks of one state with the same last error (null: none reported): how many,
+    and the newest and oldest `at_ms` among them."""
+
+    state: str
+    error: str | None
+    count: int
+    newest_at_ms: int
+    oldest_at_ms: int
+
+
+class FailureGroups(Struct):
+    groups: list[FailureGroup]
+    generated_at_ms: int
+
+
+class OutcomeError(Struct):
+    code: str
+    message: str
+
+
+class TaskOutcome(Struct, omit_defaults=True):
+    """What a bulk verb did to one task: `requeued` (now in `stage`), `cancelled`,
+    `already_cancelled`, or `refused` with the `error` the single verb would have answered
+    (only then present)."""
+
+    id: str
+    outcome: str
+    stage: str | None = None
+    error: OutcomeError | None = None
+
+
+class BulkOutcome(Struct):
+    """Per id, in the order given (an id given twice is acted on once); `done` counts the
+    tasks changed, `refused` those left as they were because of an error."""
+
+    items: list[TaskOutcome]
+    done: int
+    refused: int
 
 
 class FeedEvent(Struct):

@@ -241,6 +241,16 @@ async def cancel_task(ctx: Context, req: Request) -> Reply:
     return respond(await ctx.service.cancel(req.params["id"], command, idem(req)))
 
 
+async def requeue_tasks(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.RequeueTasks, req.body)
+    return respond(await ctx.service.requeue_many(command, idem(req)))
+
+
+async def cancel_tasks(ctx: Context, req: Request) -> Reply:
+    command = decode(cmd.CancelTasks, req.body)
+    return respond(await ctx.service.cancel_many(command, idem(req)))
+
+
 async def list_task_events(ctx: Context, req: Request) -> Reply:
     limit = req.limit(100)
     after = req.event_cursor()
@@ -518,6 +528,29 @@ async def stage_report(ctx: Context, req: Request) -> Reply:
 
 async def retry_report(ctx: Context, req: Request) -> Reply:
     return ok(200, await ctx.service.retry_report(req.limit(100)))
+
+
+async def list_failures(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(50)
+    before = req.composite_cursor()
+    q = req.query
+    items, cursor = await ctx.service.list_failures(
+        kind=q.get("kind"),
+        pipeline_id=q.get("pipeline_id") or None,
+        error=q.get("error"),
+        before=before,
+        limit=limit,
+    )
+    return ok(200, _page(items, cursor))
+
+
+async def failure_groups(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(100)
+    q = req.query
+    groups = await ctx.service.failure_groups(
+        kind=q.get("kind"), pipeline_id=q.get("pipeline_id") or None, limit=limit
+    )
+    return ok(200, groups)
 
 
 # --- traces ------------------------------------------------------------------------------------

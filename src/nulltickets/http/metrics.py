@@ -255,9 +255,19 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
         out.sample("nulltickets_run_events_total", n, _labels(kind=kind))
 
     depth = "nulltickets_queue_tasks"
-    out.family(depth, "gauge", "Tasks per role, pipeline, stage and state.")
+    out.family(
+        depth,
+        "gauge",
+        "Tasks per role, pipeline, stage and state; dead-lettered and cancelled tasks count in "
+        'the stage they landed in, a stage without a role (role="") included.',
+    )
     for pipeline_id, stage, role, claimable, _oldest, *rest in stages:
         leased, delayed, blocked, dead, cancelled = rest
+        if role is None:  # a dead-letter stage: only what landed there
+            for state, n in (("dead_lettered", dead), ("cancelled", cancelled)):
+                labels = _labels(role="", pipeline_id=pipeline_id, stage=stage, state=state)
+                out.sample(depth, n, labels)
+            continue
         for state, n in (
             ("claimable", claimable),
             ("leased", leased),
@@ -272,6 +282,8 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
     age = "nulltickets_queue_oldest_claimable_age_seconds"
     out.family(age, "gauge", "Age of the oldest claimable task per role, pipeline and stage.")
     for pipeline_id, stage, role, _c, oldest, *_rest in stages:
+        if role is None:
+            continue
         value = 0.0 if oldest is None else max(0, now - oldest) / 1000
         out.sample(age, value, _labels(role=role, pipeline_id=pipeline_id, stage=stage))
 

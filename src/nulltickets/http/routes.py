@@ -168,6 +168,35 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "POST",
+        "/tasks/requeue",
+        h.requeue_tasks,
+        "Requeue many tasks at once (1..500 ids, e.g. a selection or a group of "
+        "GET /ops/failures): each as POST /tasks/{id}/requeue would, with the same stage, "
+        "reset_attempts, reason and actor for all, in one transaction. A task that verb would "
+        "refuse (not found, leased, finished, a bad stage) is left as it was and answered "
+        "`refused` with that error; the others are requeued. Answers per id, in the order "
+        "given.",
+        request=cmd.RequeueTasks,
+        response=model.BulkOutcome,
+        errors=(e.InvalidJson, e.InvalidRequest),
+        extra=True,
+        tag="tasks",
+    ),
+    Route(
+        "POST",
+        "/tasks/cancel",
+        h.cancel_tasks,
+        "Cancel many tasks at once (1..500 ids): each as POST /tasks/{id}/cancel would, in one "
+        "transaction. Answers per id, in the order given: `cancelled`, `already_cancelled`, "
+        "or `refused` with the error that verb would answer (not found, finished).",
+        request=cmd.CancelTasks,
+        response=model.BulkOutcome,
+        errors=(e.InvalidJson, e.InvalidRequest),
+        extra=True,
+        tag="tasks",
+    ),
+    Route(
+        "POST",
         "/tasks",
         h.create_task,
         "Create a task in its pipeline's initial stage.",
@@ -510,7 +539,8 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/ops/queue",
         h.queue_report,
-        "Per-role queue health: claimable, oldest, failed, stuck, near-expiry.",
+        "Per-role queue health: claimable, oldest, failed, stuck, near-expiry; and the "
+        "dead-lettered and cancelled tasks of every pipeline and stage.",
         response=model.QueueReport,
         query=(
             Query("near_expiry_ms", "Window for near_expiry_leases (default 60000).", "integer"),
@@ -528,7 +558,9 @@ ROUTES: tuple[Route, ...] = (
         h.stage_report,
         "Per pipeline and stage with a role: claimable, leased, waiting on a retry delay, "
         "blocked by dependencies, dead-lettered and cancelled tasks, the oldest claimable "
-        "task's age, and the transitions of each of the last 60 minutes.",
+        "task's age; then each stage without a role where dead-lettered or cancelled tasks "
+        "landed (a dead-letter stage, role null); and the transitions of each of the last 60 "
+        "minutes.",
         response=model.StageReport,
         extra=True,
         tag="operations",
@@ -542,6 +574,53 @@ ROUTES: tuple[Route, ...] = (
         response=model.RetryReport,
         errors=(e.InvalidLimit,),
         query=(Query("limit", "At most this many tasks, 1..1000 (default 100).", "integer"),),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/ops/failures",
+        h.list_failures,
+        "Dead-lettered, cancelled and failing tasks (failed since their last transition and "
+        "retrying), newest first: by the end of the latest failed attempt, a cancelled task by "
+        "its cancellation. Each with its state, the last error, the number of failed "
+        "attempts, its stage and pipeline. Keyset pages (cursor `<at_ms>:<id>`).",
+        response=model.FailurePage,
+        errors=(e.InvalidRequest, e.InvalidLimit, e.InvalidCursor),
+        query=(
+            Query(
+                "kind",
+                "Only these kinds: dead, cancelled, failing, or a comma-separated list of them "
+                "(default: all three).",
+            ),
+            Query("pipeline_id", "Only tasks of this pipeline."),
+            Query(
+                "error",
+                "Only tasks whose last error is exactly this text (empty: none reported), "
+                "e.g. a group of GET /ops/failures/groups.",
+            ),
+            *PAGE,
+        ),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/ops/failures/groups",
+        h.failure_groups,
+        "The tasks of GET /ops/failures grouped by state and last error, the largest groups "
+        "first: how many, and the newest and oldest of each.",
+        response=model.FailureGroups,
+        errors=(e.InvalidRequest, e.InvalidLimit),
+        query=(
+            Query(
+                "kind",
+                "Only these kinds: dead, cancelled, failing, or a comma-separated list of them "
+                "(default: all three).",
+            ),
+            Query("pipeline_id", "Only tasks of this pipeline."),
+            Query("limit", "At most this many groups, 1..1000 (default 100).", "integer"),
+        ),
         extra=True,
         tag="operations",
     ),

@@ -28,7 +28,9 @@ from nulltickets.domain.model import (
     Assignment,
     Dependency,
     Event,
+    FailedTask,
     Failure,
+    FailureGroup,
     FeedEvent,
     LeaseRow,
     NamespaceSummary,
@@ -51,13 +53,15 @@ from nulltickets.errors import (
     StorageQueryError,
 )
 
-# (pipeline_id, stage, role, claimable, oldest claimable created_at_ms or None, leased,
-#  waiting on a retry delay, blocked, dead-lettered, cancelled)
-StageBoardRow = tuple[str, str, str, int, int | None, int, int, int, int, int]
+# (pipeline_id, stage, role (None: a stage without one that holds dead-lettered or cancelled
+#  tasks), claimable, oldest claimable created_at_ms or None, leased, waiting on a retry delay,
+#  blocked, dead-lettered, cancelled)
+StageBoardRow = tuple[str, str, str | None, int, int | None, int, int, int, int, int]
 # (role, claimable, oldest claimable created_at_ms or None, failed, stuck, near expiry)
 QueueRow = tuple[str, int, int | None, int, int, int]
 
 _MIN_TIME = -(2**63)
+_MAX_TIME = 2**63 - 1
 _encode = msgspec.json.encode
 
 
@@ -100,6 +104,15 @@ def _task(row: Sequence[Any]) -> Task:
 
 def _run(row: Sequence[Any]) -> Run:
     return Run(*row)
+
+
+def _failure_flags(states: frozenset[str]) -> dict[str, bool]:
+    """The flags of list_failures and failure_groups: which kinds of failed task to read."""
+    return {
+        "dead": "dead_lettered" in states,
+        "cancelled": "cancelled" in states,
+        "failing": "failing" in states,
+    }
 
 
 def _keyset(after: tuple[int, str] | None, limit: int) -> dict[str, Any]:
@@ -530,8 +543,9 @@ class Backend:
         return [(str(k), int(n), int(m)) for k, n, m in rows]
 
     def stage_board(self, now: int) -> list[StageBoardRow]:
-        """Per (pipeline, stage) with a role: (pipeline_id, stage, role, claimable, oldest
-        claimable created_at_ms, leased, delayed, blocked, dead-lettered, cancelled)."""
+        """Per (pipeline, stage) with a role, then per stage without one that holds
+        dead-lettered or cancelled tasks (role None): (pipeline_id, stage, role, claimable,
+        oldest claimable created_at_ms, leased, delayed, blocked, dead-lettered, cancelled)."""
         return [self._board_row(r) for r in self._all("stage_board", {"now": now})]
 
     def transitions_since(self, since: int, window: int) -> list[tuple[int, int]]:
@@ -558,10 +572,12 @@ class Backend:
     def failed_attempts(self, task_id: str) -> int:
         return int(self._value("failed_attempts", {"task_id": task_id}))
 
-    def schedule_retry(self, id: str, next_eligible_at_ms: int, now: int) -> None:
-        self._exec(
-            "schedule_retry", {"id": id, "next_eligible_at_ms": next_eligible_at_ms, "now": now}
-        )
+    def schedule_retry(
+        self, id: str, next_eligible_at_ms: int, error: str | None, now: int
+    ) -> None:
+        """After a failed attempt that reported `error`: claimable again from the time given."""
+        params = {"id": id, "next_eligible_at_ms": next_eligible_at_ms, "error": error, "now": now}
+        self._exec("schedule_retry", params)
 
     def dead_letter_task(
         self,
@@ -570,6 +586,7 @@ class Backend:
         version_bump: int,
         reason: str,
         next_eligible_at_ms: int,
+        error: str | None,
         now: int,
     ) -> None:
         self._exec(
@@ -580,6 +597,7 @@ class Backend:
                 "version_bump": version_bump,
                 "reason": reason,
                 "next_eligible_at_ms": next_eligible_at_ms,
+                "error": error,
                 "now": now,
             },
         )
@@ -728,6 +746,63 @@ class Backend:
         return [
             SearchHit(r[0], r[1], Raw(r[2]), r[3], r[4], score=float(r[5]), snippet=r[6])
             for r in rows
+        ]
+
+    def parked_totals(self) -> tuple[int, int]:
+        """(dead-lettered, cancelled) tasks in every pipeline and stage."""
+        row = self._one("parked_totals", {})
+        return (0, 0) if row is None else (int(row[0] or 0), int(row[1] or 0))
+
+    def list_failures(
+        self,
+        *,
+        states: frozenset[str],
+        pipeline_id: str | None,
+        error: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+    ) -> list[FailedTask]:
+        """Tasks in `states` (of dead_lettered, cancelled, failing), newest `at_ms` first,
+        strictly before `before` (at_ms, id)."""
+        before_at, before_id = before if before is not None else (_MAX_TIME, "")
+        params = {
+            **_failure_flags(states),
+            "pipeline_id": pipeline_id,
+            "error": error,
+            "before_at": before_at,
+            "before_id": before_id,
+            "limit": limit,
+        }
+        return [
+            FailedTask(
+                id=r[0],
+                pipeline_id=r[1],
+                stage=r[2],
+                title=r[3],
+                priority=r[4],
+                state=r[5],
+                at_ms=r[6],
+                failed_at_ms=r[7],
+                last_error=r[8],
+                # A cancel parks a task under the reason "cancelled": that is no dead letter.
+                dead_letter_reason=None if r[9] == "cancelled" else r[9],
+                cancelled_at_ms=r[10],
+                cancel_reason=r[11],
+                next_eligible_at_ms=r[12],
+                failures=int(r[13]),
+                leased=bool(r[14]),
+            )
+            for r in self._all("list_failures", params)
+        ]
+
+    def failure_groups(
+        self, *, states: frozenset[str], pipeline_id: str | None, limit: int
+    ) -> list[FailureGroup]:
+        """The tasks in `states` grouped by state and last error, the largest groups first."""
+        params = {**_failure_flags(states), "pipeline_id": pipeline_id, "limit": limit}
+        return [
+            FailureGroup(r[0], r[1] or None, int(r[2]), int(r[3]), int(r[4]))
+            for r in self._all("failure_groups", params)
         ]
 
     def role_stage_queue(

@@ -145,11 +145,15 @@ async function overview() {
     ["claimable", "leased", "waiting_retry", "blocked", "dead_lettered", "cancelled"].map((k) =>
       h("div", { class: "card", id: `total-${k}` }, h("div", { class: "n" }, sum(k)), h("div", { class: "l" }, k.replace("_", " ")))),
     h("div", { class: "card" }, h("div", { class: "n" }, health.active_leases ?? "–"), h("div", { class: "l" }, "live leases")));
-  const rows = stages.stages.map((r) => h("tr", { "data-role": r.role, "data-stage": r.stage },
-    h("td", {}, r.role), h("td", {}, h("a", { href: `/ui/tasks?pipeline_id=${r.pipeline_id}&stage=${encodeURIComponent(r.stage)}` }, r.stage)),
+  // Stages with a role, then those without one where dead letters landed (role null): every
+  // dead-lettered task counts where it is, as /health counts it.
+  const rows = stages.stages.map((r) => h("tr", { "data-role": r.role ?? "", "data-stage": r.stage, "data-pipeline": r.pipeline_id },
+    h("td", {}, r.role ?? h("span", { class: "muted" }, "no role")), h("td", {}, h("a", { href: `/ui/tasks?pipeline_id=${r.pipeline_id}&stage=${encodeURIComponent(r.stage)}` }, r.stage)),
     h("td", {}, h("code", {}, short(r.pipeline_id))),
-    ...["claimable", "leased", "waiting_retry", "blocked", "dead_lettered"].map((k) => h("td", { class: `num c-${k}` }, r[k])),
-    h("td", { class: "num" }, ago(r.oldest_claimable_age_ms))));
+    ...["claimable", "leased", "waiting_retry", "blocked"].map((k) => h("td", { class: `num c-${k}` }, r[k])),
+    ...["dead_lettered", "cancelled"].map((k) => h("td", { class: `num c-${k}` },
+      r[k] ? h("a", { href: `/ui/failures?kind=${k === "cancelled" ? "cancelled" : "dead"}&pipeline_id=${r.pipeline_id}` }, r[k]) : r[k])),
+    h("td", { class: "num" }, r.role === null ? "–" : ago(r.oldest_claimable_age_ms))));
   const roles = queue.roles.map((q) => h("tr", {},
     h("td", {}, q.role), h("td", { class: "num" }, q.claimable_count), h("td", { class: "num" }, ago(q.oldest_claimable_age_ms)),
     h("td", { class: "num" }, q.near_expiry_leases), h("td", { class: "num" }, q.stuck_count), h("td", { class: "num" }, q.failed_count)));
@@ -159,8 +163,8 @@ async function overview() {
     h("h2", {}, "Queue by role and stage"),
     h("table", { id: "stages" },
       h("thead", {}, h("tr", {}, ["role", "stage", "pipeline"].map((t) => h("th", {}, t)),
-        ["claimable", "leased", "waiting retry", "blocked", "dead-lettered", "oldest claimable"].map((t) => h("th", { class: "num" }, t)))),
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No stage has a role yet.")))),
+        ["claimable", "leased", "waiting retry", "blocked", "dead-lettered", "cancelled", "oldest claimable"].map((t) => h("th", { class: "num" }, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No stage has a role yet.")))),
     h("h2", {}, "Per role"),
     h("table", { id: "roles" },
       h("thead", {}, h("tr", {}, h("th", {}, "role"), ["claimable", "oldest", "near-expiry leases", "stuck runs", "failed runs"].map((t) => h("th", { class: "num" }, t)))),
@@ -173,7 +177,8 @@ async function overview() {
 // --- tasks ---------------------------------------------------------------------------------
 
 function state(t) {
-  if (t.cancelled_at_ms) return h("span", { class: "pill dead" }, "cancelled");
+  // A list's tasks carry no cancelled_at_ms: a cancel parks a task under the reason "cancelled".
+  if (t.cancelled_at_ms || t.dead_letter_reason === "cancelled") return h("span", { class: "pill dead" }, "cancelled");
   if (t.dead_letter_reason) return h("span", { class: "pill dead" }, "dead-lettered");
   if (t.latest_run && t.latest_run.status === "running") return h("span", { class: "pill leased" }, "leased");
   return null;
@@ -342,25 +347,177 @@ async function taskPage(id) {
   );
 }
 
-// --- dead letters and failures -------------------------------------------------------------
+// --- failures ------------------------------------------------------------------------------
+
+// Everything here comes from the server: GET /ops/failures (newest failure first, in pages),
+// GET /ops/failures/groups (by last error) and GET /ops/retrying; bulk actions go to
+// POST /tasks/requeue and /tasks/cancel and are confirmed first.
+const KINDS = [
+  ["dead,cancelled", "dead-lettered and cancelled"],
+  ["dead", "dead-lettered"],
+  ["cancelled", "cancelled"],
+  ["failing", "failing (retrying)"],
+  ["dead,cancelled,failing", "all failures"],
+];
+const STATE_KIND = { dead_lettered: "dead", cancelled: "cancelled", failing: "failing" };
+const STATE_LABEL = { dead_lettered: "dead-lettered", cancelled: "cancelled", failing: "failing" };
+const BULK_MAX = 500; // ids per POST /tasks/requeue or /tasks/cancel
+const selected = new Set(); // task ids ticked on the Failures page (kept across redraws)
+let bulkReport = null; // what the last bulk action did, shown until the next one
+
+function failurePill(f) {
+  const cls = f.state === "failing" ? "pill failing" : "pill dead";
+  return h("span", { class: cls, "data-state": f.state }, STATE_LABEL[f.state] || f.state, f.leased ? " · leased" : "");
+}
+
+function isTerminal(pipelines, pipelineId, stage) {
+  const p = pipelines.find((x) => x.id === pipelineId);
+  const st = p && p.definition && p.definition.states ? p.definition.states[stage] : null;
+  return Boolean(st && st.terminal);
+}
+
+async function bulk(verb, ids, after) {
+  if (!ids.length) return;
+  const what = verb === "requeue" ? "Requeue" : "Cancel";
+  if (!confirm(`${what} ${ids.length} task${ids.length === 1 ? "" : "s"}?`)) return;
+  const report = { verb, done: 0, refused: [] };
+  try {
+    for (let i = 0; i < ids.length; i += BULK_MAX) {
+      const answer = await api("POST", `/tasks/${verb}`, { ids: ids.slice(i, i + BULK_MAX) });
+      report.done += answer.done;
+      for (const item of answer.items) if (item.outcome === "refused") report.refused.push(item);
+    }
+  } catch (err) { showError(err); }
+  bulkReport = report;
+  selected.clear();
+  await after();
+}
+
+function rowVerbs(f, cancellable, after) {
+  // One task's own buttons, as on its page; Cancel only where a cancel can do something.
+  const verbs = verbButtons(f, after);
+  if (!cancellable) for (const b of verbs.querySelectorAll("button.cancel")) b.remove();
+  return verbs;
+}
+
+async function idsOfGroup(group, pipelineId) {
+  // Every task of a group, page by page (the listing filtered by the group's kind and error).
+  const ids = [];
+  let cursor = null;
+  do {
+    const params = new URLSearchParams({ kind: STATE_KIND[group.state], error: group.error ?? "", limit: "1000" });
+    if (pipelineId) params.set("pipeline_id", pipelineId);
+    if (cursor) params.set("cursor", cursor);
+    const pageData = await get("/ops/failures?" + params);
+    ids.push(...pageData.items.map((f) => f.id));
+    cursor = pageData.next_cursor;
+  } while (cursor);
+  return ids;
+}
+
+function bulkReportNode() {
+  if (!bulkReport) return null;
+  const r = bulkReport;
+  const did = r.verb === "requeue" ? "Requeued" : "Cancelled";
+  return h("div", { id: "bulk-report", class: r.refused.length ? "report error" : "report", role: "status" },
+    `${did} ${r.done} task${r.done === 1 ? "" : "s"}.`,
+    r.refused.length ? ` Refused ${r.refused.length}: ` : null,
+    r.refused.slice(0, 20).map((x) => h("span", { class: "refused", "data-task": x.id }, taskLink(x.id), ` ${x.error.code} `)));
+}
 
 async function failures() {
-  // Tasks dead-lettered, cancelled or with failed attempts: scans up to 2000 tasks.
-  const found = [];
-  let cursor = null;
-  for (let i = 0; i < 2; i++) {
-    const pageData = await get("/tasks?limit=1000" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
-    for (const t of pageData.items) if (t.dead_letter_reason) found.push(t);
-    cursor = pageData.next_cursor;
-    if (!cursor) break;
-  }
-  const [details, retrying] = await Promise.all([
-    Promise.all(found.slice(0, 200).map((t) => get(`/tasks/${encodeURIComponent(t.id)}`))),
-    get("/ops/retrying?limit=200"),
-  ]);
+  const q = new URLSearchParams(location.search);
+  const kind = q.get("kind") || "dead,cancelled";
+  const pipelineId = q.get("pipeline_id") || "";
+  const error = q.get("error"); // null: any error; "": those that reported none
+  const groupsView = q.get("view") === "groups";
   const refresh = () => redraw(failures);
+  const filter = new URLSearchParams({ kind });
+  if (pipelineId) filter.set("pipeline_id", pipelineId);
+  const [pipelines, retrying, listing] = await Promise.all([
+    get("/pipelines"),
+    get("/ops/retrying?limit=200"),
+    groupsView
+      ? get("/ops/failures/groups?" + filter)
+      : get("/ops/failures?" + new URLSearchParams([...filter, ...(error !== null ? [["error", error]] : []),
+          ["limit", q.get("limit") || "50"], ...(q.get("cursor") ? [["cursor", q.get("cursor")]] : [])])),
+  ]);
+  const names = Object.fromEntries(pipelines.map((p) => [p.id, p.name]));
+  const here = (changes) => {
+    const next = new URLSearchParams(q);
+    for (const [k, v] of Object.entries(changes)) if (v === null) next.delete(k); else next.set(k, v);
+    return "/ui/failures?" + next;
+  };
+  const form = h("form", { class: "filters", method: "get", action: "/ui/failures", id: "failure-filters" },
+    h("select", { name: "kind" }, KINDS.map(([v, t]) => h("option", { value: v, selected: v === kind }, t))),
+    h("select", { name: "pipeline_id" }, h("option", { value: "" }, "any pipeline"),
+      pipelines.map((p) => h("option", { value: p.id, selected: p.id === pipelineId }, p.name))),
+    groupsView ? h("input", { type: "hidden", name: "view", value: "groups" }) : null,
+    h("button", { type: "submit" }, "Show"),
+    groupsView
+      ? h("a", { href: here({ view: null, cursor: null }), id: "list-view" }, "list the tasks")
+      : h("a", { href: here({ view: "groups", cursor: null, error: null }), id: "groups-view" }, "group by error"));
+
+  let body;
+  if (groupsView) {
+    const groups = listing.groups;
+    body = groups.length
+      ? h("table", { id: "failure-groups" },
+          h("thead", {}, h("tr", {}, ["state", "last error", "tasks", "newest", "oldest", ""].map((t) => h("th", {}, t)))),
+          h("tbody", {}, groups.map((g) => h("tr", { "data-state": g.state, "data-error": g.error ?? "" },
+            h("td", {}, h("span", { class: g.state === "failing" ? "pill failing" : "pill dead" }, STATE_LABEL[g.state] || g.state)),
+            h("td", { class: "error-text" }, g.error ?? h("span", { class: "muted" }, "none reported")),
+            h("td", { class: "num count" }, g.count),
+            h("td", {}, when(g.newest_at_ms)), h("td", {}, when(g.oldest_at_ms)),
+            h("td", { class: "verbs" },
+              h("a", { href: here({ view: null, kind: STATE_KIND[g.state], error: g.error ?? "", cursor: null }), class: "show-group" }, "show tasks"), " ",
+              h("button", { class: "secondary requeue-group", type: "button", onclick: async () => bulk("requeue", await idsOfGroup(g, pipelineId), refresh) }, "Requeue all"), " ",
+              g.state === "cancelled" ? null
+                : h("button", { class: "danger cancel-group", type: "button", onclick: async () => bulk("cancel", await idsOfGroup(g, pipelineId), refresh) }, "Cancel all"))))))
+      : h("p", { class: "muted", id: "no-failures" }, "Nothing of this kind has failed.");
+  } else {
+    const items = listing.items;
+    for (const id of [...selected]) if (!items.some((f) => f.id === id)) selected.delete(id);
+    const count = h("span", { id: "selected-count" }, `${selected.size} selected`);
+    const tick = (id, on) => { if (on) selected.add(id); else selected.delete(id); count.textContent = `${selected.size} selected`; };
+    const boxes = [];
+    const rows = items.map((f) => {
+      const box = h("input", { type: "checkbox", class: "pick", "data-task": f.id, checked: selected.has(f.id), onchange: (ev) => tick(f.id, ev.target.checked) });
+      boxes.push(box);
+      const cancellable = f.state !== "cancelled" && !isTerminal(pipelines, f.pipeline_id, f.stage);
+      return h("tr", { "data-task": f.id, "data-state": f.state },
+        h("td", {}, box), h("td", {}, taskLink(f.id)), h("td", {}, f.title),
+        h("td", {}, names[f.pipeline_id] || short(f.pipeline_id)), h("td", {}, f.stage),
+        h("td", {}, failurePill(f)),
+        h("td", { class: "num failures" }, f.failures),
+        h("td", { class: "error-text last-error" }, f.last_error ?? (f.cancel_reason ? "cancelled: " + f.cancel_reason : "–")),
+        h("td", { class: "at", "data-at": f.at_ms }, when(f.at_ms)),
+        h("td", {}, rowVerbs(f, cancellable, refresh)));
+    });
+    const all = h("input", { type: "checkbox", id: "select-page", title: "select every task of this page",
+      onchange: (ev) => { for (const b of boxes) { b.checked = ev.target.checked; tick(b.dataset.task, b.checked); } } });
+    const chosen = () => [...selected];
+    body = [
+      error !== null ? h("p", { class: "chip" }, "last error: ", h("code", {}, error || "none reported"), " ", h("a", { href: here({ error: null, cursor: null }) }, "× any error")) : null,
+      h("div", { class: "bulk", id: "bulk-bar" }, count, " ",
+        h("button", { class: "secondary", type: "button", id: "requeue-selected", onclick: () => bulk("requeue", chosen(), refresh) }, "Requeue selected"), " ",
+        h("button", { class: "danger", type: "button", id: "cancel-selected", onclick: () => bulk("cancel", chosen(), refresh) }, "Cancel selected")),
+      items.length
+        ? h("table", { id: "failures" },
+            h("thead", {}, h("tr", {}, h("th", {}, all), ["task", "title", "pipeline", "stage", "state"].map((t) => h("th", {}, t)),
+              h("th", { class: "num" }, "failures"), ["last error", "last failure", ""].map((t) => h("th", {}, t)))),
+            h("tbody", {}, rows))
+        : h("p", { class: "muted", id: "no-failures" }, "Nothing of this kind has failed."),
+      h("div", { class: "pager" },
+        q.get("cursor") ? h("a", { href: here({ cursor: null }), id: "newest-page" }, "« newest") : null,
+        listing.next_cursor ? h("a", { href: here({ cursor: listing.next_cursor }), id: "older-page" }, "older »") : h("span", { class: "muted" }, "oldest page")),
+    ];
+  }
   setMain(
-    h("h1", {}, "Dead letters and failures"),
+    h("h1", {}, "Failures"),
+    form,
+    bulkReportNode(),
+    body,
     h("h2", {}, `Waiting on a retry delay: ${retrying.items.length}`),
     retrying.items.length
       ? h("table", { id: "retrying" },
@@ -373,17 +530,6 @@ async function failures() {
               `${when(r.next_eligible_at_ms)} (in ${ago(r.next_eligible_at_ms - retrying.generated_at_ms)})`),
             h("td", {}, verbButtons({ id: r.task_id }, refresh))))))
       : h("p", { class: "muted", id: "no-retrying" }, "No task waits on a retry delay."),
-    h("h2", {}, "Dead-lettered and cancelled"),
-    details.length
-      ? h("table", { id: "failures" },
-          h("thead", {}, h("tr", {}, ["task", "title", "stage", "reason", "last failure", ""].map((t) => h("th", {}, t)))),
-          h("tbody", {}, details.map((t) => h("tr", { "data-task": t.id },
-            h("td", {}, taskLink(t.id)), h("td", {}, t.title), h("td", {}, t.stage, " ", state(t)),
-            h("td", {}, t.cancel_reason || t.dead_letter_reason),
-            h("td", {}, t.previous_failures.length ? t.previous_failures[t.previous_failures.length - 1].error || "–" : "–"),
-            h("td", {}, verbButtons(t, refresh))))))
-      : h("p", { class: "muted", id: "no-failures" }, "Nothing is dead-lettered or cancelled."),
-    cursor ? h("p", { class: "muted" }, "Only the oldest 2000 tasks were looked at.") : null,
   );
 }
 

@@ -390,11 +390,14 @@ SET status = :status, ended_at_ms = :now, usage_json = :usage_json, error_text =
 WHERE id = :id AND status = 'running';
 
 -- move_task --
+-- A completed run moves its task on: whatever failed before in the old stage is over.
 UPDATE tasks
 SET stage = :stage,
     task_version = task_version + 1,
     dead_letter_reason = NULL,
     next_eligible_at_ms = 0,
+    failed_at_ms = NULL,
+    last_error = NULL,
     updated_at_ms = :now
 WHERE id = :id AND task_version = :task_version;
 
@@ -405,16 +408,23 @@ FROM runs
 WHERE task_id = :task_id AND status IN ('failed', 'stale');
 
 -- schedule_retry --
+-- A failed attempt (:error, what it reported) given a retry at :next_eligible_at_ms.
 UPDATE tasks
-SET next_eligible_at_ms = :next_eligible_at_ms, updated_at_ms = :now
+SET next_eligible_at_ms = :next_eligible_at_ms,
+    failed_at_ms = :now,
+    last_error = :error,
+    updated_at_ms = :now
 WHERE id = :id;
 
 -- dead_letter_task --
+-- The failed attempt (:error) that used the task's last allowed one: parked in :stage.
 UPDATE tasks
 SET stage = :stage,
     task_version = task_version + :version_bump,
     dead_letter_reason = :reason,
     next_eligible_at_ms = :next_eligible_at_ms,
+    failed_at_ms = :now,
+    last_error = :error,
     updated_at_ms = :now
 WHERE id = :id;
 
@@ -684,35 +694,59 @@ ORDER BY 1;
 -- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
 -- then a JSON array [claimable, oldest claimable created_at_ms, leased, waiting on a retry
 -- delay, blocked by dependencies, dead-lettered, cancelled]). One walk of the stage's own
--- tasks through its index: tasks that finished have left the stages with roles.
-SELECT
-    s.pipeline_id, s.stage, s.agent_role,
-    (
-        SELECT json_array(
-            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0), 0),
-            min(CASE WHEN x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0
-                THEN x.created_at_ms END),
-            coalesce(sum(x.leased), 0),
-            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 1), 0),
-            coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 1), 0),
-            coalesce(sum(x.dead = 1 AND x.cancelled = 0), 0),
-            coalesce(sum(x.cancelled), 0)
+-- tasks through its index: tasks that finished have left the stages with roles. Then, with no
+-- role, each other stage that holds dead-lettered or cancelled tasks (a dead-letter stage):
+-- counted where they landed, from their own partial index. Stages with a role come first.
+SELECT pipeline_id, stage, agent_role, board
+FROM (
+    SELECT
+        s.pipeline_id, s.stage, s.agent_role,
+        (
+            SELECT json_array(
+                coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0), 0),
+                min(CASE WHEN x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 0
+                    THEN x.created_at_ms END),
+                coalesce(sum(x.leased), 0),
+                coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 1), 0),
+                coalesce(sum(x.dead = 0 AND x.leased = 0 AND x.delayed = 0 AND x.blocked = 1), 0),
+                coalesce(sum(x.dead = 1 AND x.cancelled = 0), 0),
+                coalesce(sum(x.cancelled), 0)
+            )
+            FROM (
+                SELECT
+                    t.created_at_ms,
+                    t.dead_letter_reason IS NOT NULL AS dead,
+                    t.cancelled_at_ms IS NOT NULL AS cancelled,
+                    t.next_eligible_at_ms > :now AS delayed,
+                    EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
+                    EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0) AS blocked
+                FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
+                WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+            ) AS x
+        ) AS board
+    FROM pipeline_stages AS s
+    WHERE s.agent_role IS NOT NULL
+    UNION ALL
+    SELECT
+        p.pipeline_id, p.stage, NULL,
+        json_array(
+            0, NULL, 0, 0, 0, sum(p.cancelled_at_ms IS NULL), sum(p.cancelled_at_ms IS NOT NULL)
         )
-        FROM (
-            SELECT
-                t.created_at_ms,
-                t.dead_letter_reason IS NOT NULL AS dead,
-                t.cancelled_at_ms IS NOT NULL AS cancelled,
-                t.next_eligible_at_ms > :now AS delayed,
-                EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running') AS leased,
-                EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND coalesce(us.terminal, 0) = 0) AS blocked
-            FROM tasks AS t INDEXED BY idx_tasks_pipeline_stage_page
-            WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
-        ) AS x
-    ) AS board
-FROM pipeline_stages AS s
-WHERE s.agent_role IS NOT NULL
-ORDER BY s.agent_role, s.pipeline_id, s.stage;
+    FROM tasks AS p INDEXED BY idx_tasks_parked
+    LEFT JOIN pipeline_stages AS ps ON ps.pipeline_id = p.pipeline_id AND ps.stage = p.stage
+    WHERE p.dead_letter_reason IS NOT NULL AND ps.agent_role IS NULL
+    GROUP BY p.pipeline_id, p.stage
+)
+ORDER BY agent_role IS NULL, agent_role, pipeline_id, stage;
+
+-- parked_totals --
+-- How many tasks are dead-lettered and how many cancelled, in every pipeline and stage: a walk
+-- of their own partial index (GET /ops/queue).
+SELECT
+    coalesce(sum(cancelled_at_ms IS NULL), 0),
+    coalesce(sum(cancelled_at_ms IS NOT NULL), 0)
+FROM tasks INDEXED BY idx_tasks_parked
+WHERE dead_letter_reason IS NOT NULL;
 
 -- event_kinds_since --
 -- How many run events of each kind came after :after_id, and the newest id (GET /metrics
@@ -784,4 +818,97 @@ FROM store
 WHERE namespace > :after
 GROUP BY namespace
 ORDER BY namespace
+LIMIT :limit;
+
+-- list_failures --
+-- GET /ops/failures: dead-lettered, cancelled and failing tasks (of the kinds whose flag is
+-- true: :dead, :cancelled, :failing), newest first by `at`: the end of the latest failed
+-- attempt, or for a cancelled task its cancellation; strictly before (:before_at, :before_id).
+-- Each kind walks its own partial index from its newest end and stops after :limit rows;
+-- :pipeline_id and :error (the last error, '' for none) filter on the way. Then, for the page
+-- only: the task's failed attempts, and whether an agent holds it now.
+SELECT
+    f.id, f.pipeline_id, f.stage, f.title, f.priority, f.state, f.at_ms, f.failed_at_ms,
+    f.last_error, f.dead_letter_reason, f.cancelled_at_ms, f.cancel_reason,
+    f.next_eligible_at_ms,
+    (
+        SELECT count(*) FROM runs AS r
+        WHERE r.task_id = f.id AND r.status IN ('failed', 'stale')
+    ) AS failures,
+    EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = f.id AND r.status = 'running') AS leased
+FROM (
+    SELECT * FROM (
+        SELECT
+            t.id, t.pipeline_id, t.stage, t.title, t.priority, 'dead_lettered' AS state,
+            t.failed_at_ms AS at_ms, t.failed_at_ms, t.last_error, t.dead_letter_reason,
+            t.cancelled_at_ms, t.cancel_reason, NULL AS next_eligible_at_ms
+        FROM tasks AS t INDEXED BY idx_tasks_dead_letters
+        WHERE :dead
+            AND t.dead_letter_reason IS NOT NULL AND t.cancelled_at_ms IS NULL
+            AND (t.failed_at_ms, t.id) < (:before_at, :before_id)
+            AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+            AND (:error IS NULL OR coalesce(t.last_error, '') = :error)
+        ORDER BY t.failed_at_ms DESC, t.id DESC
+        LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT
+            t.id, t.pipeline_id, t.stage, t.title, t.priority, 'cancelled' AS state,
+            t.cancelled_at_ms AS at_ms, t.failed_at_ms, t.last_error, t.dead_letter_reason,
+            t.cancelled_at_ms, t.cancel_reason, NULL AS next_eligible_at_ms
+        FROM tasks AS t INDEXED BY idx_tasks_cancelled
+        WHERE :cancelled
+            AND t.cancelled_at_ms IS NOT NULL
+            AND (t.cancelled_at_ms, t.id) < (:before_at, :before_id)
+            AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+            AND (:error IS NULL OR coalesce(t.last_error, '') = :error)
+        ORDER BY t.cancelled_at_ms DESC, t.id DESC
+        LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT
+            t.id, t.pipeline_id, t.stage, t.title, t.priority, 'failing' AS state,
+            t.failed_at_ms AS at_ms, t.failed_at_ms, t.last_error, t.dead_letter_reason,
+            t.cancelled_at_ms, t.cancel_reason, t.next_eligible_at_ms
+        FROM tasks AS t INDEXED BY idx_tasks_failing
+        WHERE :failing
+            AND t.failed_at_ms IS NOT NULL AND t.dead_letter_reason IS NULL
+            AND (t.failed_at_ms, t.id) < (:before_at, :before_id)
+            AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+            AND (:error IS NULL OR coalesce(t.last_error, '') = :error)
+        ORDER BY t.failed_at_ms DESC, t.id DESC
+        LIMIT :limit
+    )
+) AS f
+ORDER BY f.at_ms DESC, f.id DESC
+LIMIT :limit;
+
+-- failure_groups --
+-- GET /ops/failures/groups: the tasks of list_failures (the same flags) grouped by state and
+-- last error ('' for none): how many, the newest and the oldest `at` of each group; most tasks
+-- first. Each kind is one walk of its own partial index.
+SELECT g.state, g.error, count(*), max(g.at_ms), min(g.at_ms)
+FROM (
+    SELECT 'dead_lettered' AS state, coalesce(t.last_error, '') AS error, t.failed_at_ms AS at_ms
+    FROM tasks AS t INDEXED BY idx_tasks_dead_letters
+    WHERE :dead
+        AND t.dead_letter_reason IS NOT NULL AND t.cancelled_at_ms IS NULL
+        AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+    UNION ALL
+    SELECT 'cancelled', coalesce(t.last_error, ''), t.cancelled_at_ms
+    FROM tasks AS t INDEXED BY idx_tasks_cancelled
+    WHERE :cancelled
+        AND t.cancelled_at_ms IS NOT NULL
+        AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+    UNION ALL
+    SELECT 'failing', coalesce(t.last_error, ''), t.failed_at_ms
+    FROM tasks AS t INDEXED BY idx_tasks_failing
+    WHERE :failing
+        AND t.failed_at_ms IS NOT NULL AND t.dead_letter_reason IS NULL
+        AND (:pipeline_id IS NULL OR t.pipeline_id = :pipeline_id)
+) AS g
+GROUP BY g.state, g.error
+ORDER BY count(*) DESC, max(g.at_ms) DESC, g.state, g.error
 LIMIT :limit;
