@@ -534,9 +534,10 @@ class Tracker:
     def _after_failure(self, b: Backend, task: Task, run_id: str, failed: int, now: int) -> None:
         pipeline = self._definition(b, task.pipeline_id)
         policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
-        # The task's own retry delay wins; the stage's applies when the task set none.
-        base = task.retry_delay_ms
-        if policy.retry_delay_ms is not None and not (base or b.retry_delay_set(task.id)):
+        # The task's own retry delay wins; the stage's applies when the task set none; the
+        # default backoff when neither did (None).
+        base: int | None = task.retry_delay_ms
+        if not (base or b.retry_delay_set(task.id)):
             base = policy.retry_delay_ms
         outcome = core.decide_failure(
             stage=task.stage,

@@ -820,12 +820,66 @@ def test_max_attempts_not_positive_dead_letters_on_the_first_failure(
 
 
 def test_unlimited_attempts_never_dead_letter(client: Client) -> None:
-    lease, coder, _ = claimed(client)
+    # A retry delay of 0, set on purpose: every failure is retried at once, as the original does.
+    lease, coder, _ = claimed(client, retry_policy={"retry_delay_ms": 0})
     for attempt in range(1, 6):
         assert lease.doc["run"]["attempt"] == attempt
         assert lease.fail().status == 200
         lease = claim(client, coder)
     assert task(client, lease.task_id)["dead_letter_reason"] is None
+
+
+def test_without_a_retry_delay_failures_back_off_after_two_immediate_retries(
+    client: Client,
+) -> None:
+    """The default backoff: a task whose policy (and stage) sets no retry delay is offered
+    again at once after its first two failures, as the original offers it after every one;
+    from the third on it waits 1 s, 2 s, 4 s ... (+/- 20 %), up to 5 minutes. Each retry is
+    made claimable early by an operator's requeue, which keeps the failures counting."""
+    lease, coder, _ = claimed(client, retry_policy={"max_attempts": 50})
+    task_id = lease.task_id
+    for attempt in (1, 2):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        assert event["data"]["retry_delay_ms"] == 0
+        assert task(client, task_id)["next_eligible_at_ms"] == event["data"]["next_eligible_at_ms"]
+        lease = claim(client, coder)  # at once
+        assert (lease.task_id, lease.doc["run"]["attempt"]) == (task_id, attempt + 1)
+    delays = []
+    for failures in range(3, 14):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        data = event["data"]
+        assert data["failed_attempts"] == failures
+        details = task(client, task_id)
+        eligible = details["next_eligible_at_ms"]
+        assert eligible == data["next_eligible_at_ms"]
+        assert eligible == details["latest_run"]["ended_at_ms"] + data["retry_delay_ms"]
+        nominal = 1000 * 2 ** (failures - 3)
+        low, high = (min(f * nominal, 300_000) for f in (0.8, 1.2))
+        assert low <= data["retry_delay_ms"] <= high, data
+        delays.append(data["retry_delay_ms"])
+        waiting = client.get("/ops/retrying?limit=1000").json["items"]
+        [shown] = [w for w in waiting if w["task_id"] == task_id]
+        assert (shown["next_eligible_at_ms"], shown["attempt"]) == (eligible, failures)
+        if data["retry_delay_ms"] >= 6_000:  # far off: not offered before then
+            r = client.post("/leases/claim", {"agent_id": "eager", "agent_role": coder})
+            assert r.status == 204, r.body
+        r = client.post(f"/tasks/{task_id}/requeue", {"reason": "try again now"})
+        assert r.status == 200, r.body
+        lease = claim(client, coder)
+        assert (lease.task_id, lease.doc["run"]["attempt"]) == (task_id, failures + 1)
+    assert delays[-2:] == [300_000, 300_000]  # the cap
+
+
+def test_a_retry_delay_of_zero_set_on_purpose_retries_at_once_every_time(client: Client) -> None:
+    lease, coder, _ = claimed(client, retry_policy={"retry_delay_ms": 0})
+    for attempt in range(1, 6):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        assert event["data"]["retry_delay_ms"] == 0
+        lease = claim(client, coder)
+        assert lease.doc["run"]["attempt"] == attempt + 1
 
 
 def test_failures_in_an_earlier_stage_consume_the_attempt_budget(client: Client) -> None:
