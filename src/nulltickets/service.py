@@ -86,6 +86,7 @@ from nulltickets.errors import (
     InvalidJson,
     InvalidPipeline,
     InvalidQuery,
+    InvalidRetryPolicy,
     InvalidStage,
     LeaseExpired,
     LeaseNotFound,
@@ -212,13 +213,22 @@ class Tracker:
 
     # --- tasks ---------------------------------------------------------------------------------
 
-    def create_task(self, b: Backend, cmd: CreateTask, now: int) -> str:
+    def create_task(
+        self, b: Backend, cmd: CreateTask, now: int, where: str = "$.retry_policy"
+    ) -> str:
         if b.get_pipeline(cmd.pipeline_id) is None:
             raise PipelineNotFound(f"pipeline {cmd.pipeline_id!r} not found")
         pipeline = self._definition(b, cmd.pipeline_id)
         if pipeline is None:
             raise TrackerError("the pipeline's stored definition cannot be read")
         policy = cmd.retry_policy
+        if policy is not None and policy.dead_letter_stage is not None:
+            if policy.dead_letter_stage not in pipeline.states:
+                stages = ", ".join(pipeline.states)
+                raise InvalidRetryPolicy(
+                    f"{where}.dead_letter_stage {policy.dead_letter_stage!r} is not a stage of "
+                    f"the pipeline (its stages: {stages})"
+                )
         task_id = new_id()
         inserted = b.insert_task(
             id=task_id,
@@ -257,7 +267,10 @@ class Tracker:
         return task_id
 
     def create_tasks(self, b: Backend, cmds: list[CreateTask], now: int) -> list[str]:
-        return [self.create_task(b, cmd, now) for cmd in cmds]
+        return [
+            self.create_task(b, cmd, now, f"$.tasks[{i}].retry_policy")
+            for i, cmd in enumerate(cmds)
+        ]
 
     def _available(self, b: Backend, task: Task) -> list[AvailableTransition]:
         """The transitions out of the task's stage (built once per pipeline and stage: a

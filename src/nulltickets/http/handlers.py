@@ -9,6 +9,7 @@ that turns what a write did (`Kind`) into a status.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,10 +22,12 @@ from nulltickets.domain.tokens import lease_token_hash, same_token
 from nulltickets.errors import (
     InvalidJson,
     InvalidRequest,
+    InvalidRetryPolicy,
     LeaseExpired,
     NotFound,
     ReservedNamespace,
     TaskCancelled,
+    TrackerError,
     Unauthorized,
 )
 from nulltickets.http.request import Request
@@ -79,11 +82,34 @@ def decode(kind: type[T], body: bytes) -> T:
         value: T = decoder.decode(body)
     except UnicodeDecodeError as exc:
         raise InvalidJson(f"invalid JSON body: not UTF-8 at byte {exc.start}") from None
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidJson(f"invalid JSON body: {exc}") from None
     except RecursionError:
         raise InvalidJson("invalid JSON body: nested too deeply") from None
     return value
+
+
+_AT = re.compile(r"(?P<what>.*) - at `(?P<path>\$[^`]*)`", re.DOTALL)
+_IN_RETRY_POLICY = re.compile(r"\.retry_policy(?:\.|$)")
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(?P<key>.*)`", re.DOTALL)
+
+
+def _invalid(exc: msgspec.ValidationError) -> TrackerError:
+    """A body that is JSON but not the route's shape: 400 invalid_json (as the original
+    answers a wrong type), except for an unknown key or a value out of range in a task's
+    retry_policy, which the original accepted: 400 invalid_retry_policy, naming the key."""
+    found = _AT.fullmatch(str(exc))
+    if found is None or not _IN_RETRY_POLICY.search(found["path"]) or ", got `" in found["what"]:
+        return InvalidJson(f"invalid JSON body: {exc}")
+    unknown = _UNKNOWN_FIELD.fullmatch(found["what"])
+    if unknown is None:
+        return InvalidRetryPolicy(f"{found['path']}: {found['what']}")
+    known = ", ".join(cmd.RetryPolicy.__struct_fields__)
+    return InvalidRetryPolicy(
+        f"{found['path']}: unknown key {unknown['key']!r} (a retry_policy takes {known})"
+    )
 
 
 def decode_later(kind: type[T], body: bytes) -> Callable[[], T]:

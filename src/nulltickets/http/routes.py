@@ -159,6 +159,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(
             e.InvalidJson,
             e.InvalidRequest,
+            e.InvalidRetryPolicy,
             e.PipelineNotFound,
             e.TaskNotFound,
             e.DuplicateDependency,
@@ -173,7 +174,13 @@ ROUTES: tuple[Route, ...] = (
         request=cmd.CreateTask,
         response=h.IdBody,
         status=201,
-        errors=(e.InvalidJson, e.PipelineNotFound, e.TaskNotFound, e.DuplicateDependency),
+        errors=(
+            e.InvalidJson,
+            e.InvalidRetryPolicy,
+            e.PipelineNotFound,
+            e.TaskNotFound,
+            e.DuplicateDependency,
+        ),
         tag="tasks",
     ),
     Route(
