@@ -94,7 +94,7 @@ def default_retry_delay(failed_attempts: int, rand: float) -> int:
     """The default backoff's delay before retry number `failed_attempts` (see above)."""
     if failed_attempts <= DEFAULT_IMMEDIATE_RETRIES:
         return 0
-    return retry_delay(
+    delay: int = retry_delay(
         DEFAULT_RETRY_DELAY_MS,
         backoff=DEFAULT_RETRY_BACKOFF,
         max_delay_ms=DEFAULT_RETRY_MAX_DELAY_MS,
@@ -102,6 +102,7 @@ def default_retry_delay(failed_attempts: int, rand: float) -> int:
         failed_attempts=failed_attempts - DEFAULT_IMMEDIATE_RETRIES,
         rand=rand,
     )
+    return delay
 
 
 def decide_failure(

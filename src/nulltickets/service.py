@@ -222,13 +222,12 @@ class Tracker:
         if pipeline is None:
             raise TrackerError("the pipeline's stored definition cannot be read")
         policy = cmd.retry_policy
-        if policy is not None and policy.dead_letter_stage is not None:
-            if policy.dead_letter_stage not in pipeline.states:
-                stages = ", ".join(pipeline.states)
-                raise InvalidRetryPolicy(
-                    f"{where}.dead_letter_stage {policy.dead_letter_stage!r} is not a stage of "
-                    f"the pipeline (its stages: {stages})"
-                )
+        dead_letter = policy.dead_letter_stage if policy is not None else None
+        if dead_letter is not None and dead_letter not in pipeline.states:
+            raise InvalidRetryPolicy(
+                f"{where}.dead_letter_stage {dead_letter!r} is not a stage of the pipeline "
+                f"(its stages: {', '.join(pipeline.states)})"
+            )
         task_id = new_id()
         inserted = b.insert_task(
             id=task_id,

@@ -159,9 +159,10 @@ def test_without_a_delay_the_first_two_failures_retry_at_once(impl: ModuleType) 
 
 def test_the_default_backoff_doubles_from_a_second_up_to_five_minutes(impl: ModuleType) -> None:
     delays = [impl.default_retry_delay(n, 0.5) for n in range(1, 14)]
-    assert delays == [0, 0, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000] + [
-        300_000
-    ] * 2
+    assert (
+        delays
+        == [0, 0, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000] + [300_000] * 2
+    )
     assert fail(
         impl, retry_delay_ms=None, max_attempts=None, failed_attempts=4
     ) == impl.RetryScheduled(4, 2000, NOW + 2000)

@@ -158,9 +158,7 @@ def _policy(raw: dict[str, Any], path: str) -> StagePolicy:
         lease_ttl_ms=_number(raw, "lease_ttl_ms", path, low=1, high=day),
         retry_delay_ms=_number(raw, "retry_delay_ms", path, low=0, high=MAX_RETRY_DELAY_MS),
         retry_backoff=_number(raw, "retry_backoff", path, low=1, high=100, integer=False) or 1.0,
-        retry_max_delay_ms=_number(
-            raw, "retry_max_delay_ms", path, low=0, high=MAX_RETRY_DELAY_MS
-        ),
+        retry_max_delay_ms=_number(raw, "retry_max_delay_ms", path, low=0, high=MAX_RETRY_DELAY_MS),
         retry_jitter=_number(raw, "retry_jitter", path, low=0, high=1, integer=False) or 0.0,
         max_concurrency=_number(raw, "max_concurrency", path, low=1, high=1_000_000),
     )
