@@ -50,6 +50,7 @@ from nulltickets.domain.model import (
     ClaimResult,
     Dependency,
     Event,
+    FailingReport,
     FeedEvent,
     Health,
     LeaseRow,
@@ -350,11 +351,17 @@ class Tracker:
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
 
     def list_task_runs(
-        self, b: Backend, task_id: str, after: int, limit: int
+        self, b: Backend, task_id: str, cursor: int | None, limit: int, newest_first: bool
     ) -> tuple[list[TaskRun], str | None]:
+        """A page of the task's runs, oldest attempt first (the runs after attempt `cursor`)
+        or newest first (the runs before it)."""
         if not b.task_exists(task_id):
             raise NotFound("task not found")
-        rows = b.list_task_runs(task_id, after, limit + 1)
+        if newest_first:
+            before = _NEVER if cursor is None else cursor
+            rows = b.list_task_runs_newest(task_id, before, limit + 1)
+        else:
+            rows = b.list_task_runs(task_id, cursor or 0, limit + 1)
         return _page(rows, limit, lambda r: str(r.attempt))
 
     def run_state(self, b: Backend, task_id: str) -> str:
@@ -980,6 +987,12 @@ class Tracker:
     def retry_report(self, b: Backend, now: int, limit: int) -> RetryReport:
         return RetryReport(b.retry_waiting(now, limit), now)
 
+    def failing_report(
+        self, b: Backend, now: int, window_ms: int, min_failures: int, limit: int
+    ) -> FailingReport:
+        rows = b.failing_tasks(now - window_ms, min_failures, THROUGHPUT_WINDOW, limit)
+        return FailingReport(rows, window_ms, min_failures, now)
+
     def stage_report(self, b: Backend, now: int) -> StageReport:
         stages = [
             StageQueue(p, s, r, c, None if oldest is None else now - oldest, *counts)
@@ -1172,9 +1185,11 @@ class Service:
         )
 
     async def list_task_runs(
-        self, task_id: str, after: int, limit: int
+        self, task_id: str, cursor: int | None, limit: int, *, newest_first: bool = False
     ) -> tuple[list[TaskRun], str | None]:
-        return await self._read(lambda b: self.tracker.list_task_runs(b, task_id, after, limit))
+        return await self._read(
+            lambda b: self.tracker.list_task_runs(b, task_id, cursor, limit, newest_first)
+        )
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self._read(lambda b: self.tracker.get_task(b, task_id))
@@ -1524,6 +1539,14 @@ class Service:
     async def retry_report(self, limit: int) -> RetryReport:
         now = self.clock()
         return await self._read(lambda b: self.tracker.retry_report(b, now, limit))
+
+    async def failing_report(self, window_ms: int, min_failures: int, limit: int) -> FailingReport:
+        """Tasks failing in a loop: `min_failures` or more failures in a row within the last
+        `window_ms`, most failures first."""
+        now = self.clock()
+        return await self._read(
+            lambda b: self.tracker.failing_report(b, now, window_ms, min_failures, limit)
+        )
 
     # --- the event stream and metrics ----------------------------------------------------------
 

@@ -247,9 +247,14 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
 
 async def list_task_runs(ctx: Context, req: Request) -> Reply:
     limit = req.limit(100)
-    after = req.event_cursor("an attempt number")
-    items, cursor = await ctx.service.list_task_runs(req.params["id"], after, limit)
-    return ok(200, _page(items, cursor))
+    order = req.query.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be asc (oldest attempt first) or desc (newest first)")
+    cursor = req.event_cursor("an attempt number") if "cursor" in req.query else None
+    items, next_cursor = await ctx.service.list_task_runs(
+        req.params["id"], cursor, limit, newest_first=order == "desc"
+    )
+    return ok(200, _page(items, next_cursor))
 
 
 async def get_task(ctx: Context, req: Request) -> Reply:
@@ -544,6 +549,25 @@ async def stage_report(ctx: Context, req: Request) -> Reply:
 
 async def retry_report(ctx: Context, req: Request) -> Reply:
     return ok(200, await ctx.service.retry_report(req.limit(100)))
+
+
+FAILING_WINDOW_MS = (60_000, 3_600_000, 86_400_000)  # least, default, most
+FAILING_MIN_FAILURES = (1, 3, 1_000_000)
+
+
+def _bounded(req: Request, name: str, bounds: tuple[int, int, int]) -> int:
+    low, default, high = bounds
+    value = req.int_param(name, default)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}")
+    return value
+
+
+async def failing_report(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(20)
+    window_ms = _bounded(req, "window_ms", FAILING_WINDOW_MS)
+    min_failures = _bounded(req, "min_failures", FAILING_MIN_FAILURES)
+    return ok(200, await ctx.service.failing_report(window_ms, min_failures, limit))
 
 
 # --- traces ------------------------------------------------------------------------------------
