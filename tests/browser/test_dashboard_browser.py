@@ -250,14 +250,14 @@ def test_the_run_timeline_names_the_agent_of_every_run(
         "return [...document.querySelectorAll('.run')].map((r) => "
         "[r.dataset.run, r.querySelector('h3 .agent').textContent, r.textContent]);"
     )
-    expected = [
-        [first["run"]["id"], "agent-first"],
+    expected = [  # newest first
         [second["run"]["id"], "agent-second"],
+        [first["run"]["id"], "agent-first"],
     ]
     runs = wait(driver).until(
         lambda d: (found := d.execute_script(read)) and [f[:2] for f in found] == expected and found
     )
-    assert "claimed by agent-first" in runs[0][2] and "flaky" in runs[0][2]
+    assert "claimed by agent-first" in runs[1][2] and "flaky" in runs[1][2]
 
 
 def test_the_task_list_filters_by_text_across_pages(
@@ -323,6 +323,7 @@ def test_the_failures_page_lists_retry_waits_with_requeue_and_cancel(
     driver.find_element(
         By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}'] button.cancel"
     ).click()
+    wait(driver).until(ec.alert_is_present()).accept()  # Cancel asks first
     dead = f"#failures tr[data-task='{waiting[1]}']"
     wait(driver).until(ec.presence_of_element_located((By.CSS_SELECTOR, dead)))
     assert not driver.find_elements(By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}']")
@@ -345,3 +346,127 @@ def test_the_store_page_lists_namespaces_and_their_keys(
     assert [k.text for k in keys][::2] == ["one", "two"]
     chosen = driver.find_element(By.CSS_SELECTOR, "#namespaces tr.chosen")
     assert chosen.get_attribute("data-namespace") == ns
+
+
+def fail_run(client: Client, lease: dict[str, Any], error: str = "boom") -> None:
+    r = client.post(
+        f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"]
+    )
+    assert r.status == 200, r.body
+
+
+def test_cancel_is_offered_only_on_unfinished_tasks_and_asks_first(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, reviewer = pipeline_with_roles(api)
+    done = make_task(api, pipeline_id, priority=1)
+    submit(api, claimed(api, coder), "submit")
+    submit(api, claimed(api, reviewer), "approve")
+    assert api.get(f"/tasks/{done}").json["stage"] == "done"
+    visit(driver, server, f"/ui/task/{done}")
+    assert driver.find_elements(By.CSS_SELECTOR, "button.requeue")
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.cancel")
+
+    running = make_task(api, pipeline_id, title="Refactor the lexer")
+    assert claimed(api, coder)["task"]["id"] == running
+    visit(driver, server, f"/ui/task/{running}")
+    driver.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    alert = wait(driver).until(ec.alert_is_present())
+    assert "Refactor the lexer" in alert.text
+    alert.dismiss()  # changed one's mind: nothing happens
+    assert "cancelled_at_ms" not in api.get(f"/tasks/{running}").json
+    driver.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    wait(driver).until(ec.alert_is_present()).accept()
+    wait(driver).until(lambda d: "cancelled" in d.find_element(By.TAG_NAME, "h1").text)
+    assert api.get(f"/tasks/{running}").json["cancelled_at_ms"]
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.cancel")  # cancelled: finished
+
+
+def test_the_overview_names_pipelines_and_shows_a_task_failing_in_a_loop(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    name = unique("nightly-builds")
+    coder = unique("coder")
+    definition = {
+        "initial": "todo",
+        "states": {"todo": {"agent_role": coder}, "done": {"terminal": True}},
+        "transitions": [{"from": "todo", "to": "done", "trigger": "submit"}],
+    }
+    r = api.post("/pipelines", {"name": name, "definition": definition})
+    assert r.status == 201, r.body
+    pipeline_id = r.json["id"]
+    looping = make_task(api, pipeline_id, title="Flaky build", retry_policy={"retry_delay_ms": 0})
+    for n in range(4):
+        fail_run(api, claimed(api, coder), f"exit status 1 (try {n})")
+    visit(driver, server, "/")
+    row = driver.find_element(By.CSS_SELECTOR, f"#stages tr[data-role='{coder}']")
+    assert name in row.text and pipeline_id[-8:] not in row.text
+    failing = driver.find_element(By.CSS_SELECTOR, f"#failing tr[data-task='{looping}']")
+    assert "Flaky build" in failing.text and name in failing.text
+    assert failing.find_element(By.CSS_SELECTOR, "td.failures").text == "4"
+    assert "try 3" in failing.find_element(By.CLASS_NAME, "error-text").text
+    failing.find_element(By.LINK_TEXT, "Flaky build").click()
+    wait(driver).until(ec.url_contains(f"/ui/task/{looping}"))
+    wait(driver).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-ready"))
+    assert driver.find_element(By.ID, "task-pipeline").text == name
+
+
+def test_a_tasks_runs_are_listed_newest_first_page_by_page(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    task_id = make_task(api, pipeline_id, retry_policy={"retry_delay_ms": 0})
+    for n in range(1, 6):
+        fail_run(api, claimed(api, coder, agent=f"agent-{n}"))
+    claimed(api, coder, agent="agent-6")
+    visit(driver, server, f"/ui/task/{task_id}?runs_limit=2")
+
+    def attempts() -> list[str | None]:
+        return [r.get_attribute("data-attempt") for r in driver.find_elements(By.CLASS_NAME, "run")]
+
+    pages = [attempts()]
+    while driver.find_elements(By.ID, "older-runs"):
+        driver.find_element(By.ID, "older-runs").click()
+        wait(driver).until(lambda d, seen=pages[-1]: attempts() and attempts() != seen)
+        pages.append(attempts())
+    assert pages == [["6", "5"], ["4", "3"], ["2", "1"]]
+    driver.find_element(By.ID, "newest-runs").click()
+    wait(driver).until(lambda d: attempts() == ["6", "5"])
+
+
+def test_a_task_waiting_on_a_retry_delay_says_when_it_comes_back(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    task_id = make_task(api, pipeline_id, retry_policy={"retry_delay_ms": 3_600_000})
+    fail_run(api, claimed(api, coder))
+    visit(driver, server, f"/ui/task/{task_id}")
+    eligible = driver.find_element(By.ID, "eligible")
+    assert eligible.get_attribute("data-at") == str(
+        api.get(f"/tasks/{task_id}").json["next_eligible_at_ms"]
+    )
+    assert "claimable again" in eligible.text
+
+
+def test_the_store_badge_tells_whether_the_page_is_live(
+    driver: WebDriver, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    own = Server(tmp_path_factory.mktemp("badge") / "badge.db").start()
+    try:
+        client = own.client()
+        visit(driver, own, "/ui/store")
+        badge = driver.find_element(By.ID, "live")
+        wait(driver).until(lambda d: badge.get_attribute("data-state") == "live")
+        assert "live" in badge.text and "connecting" not in badge.text
+        # Live indeed: a namespace written now shows up without a reload.
+        ns = unique("fresh")
+        assert client.put(f"/store/{ns}/k", {"value": 1}).status == 204
+        client.close()
+        wait(driver).until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f"tr[data-namespace='{ns}']"))
+        )
+        own.stop()
+        wait(driver).until(lambda d: badge.get_attribute("data-state") == "reconnecting")
+        assert "reconnecting" in badge.text
+    finally:
+        own.stop()
