@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -348,6 +349,23 @@ def test_the_store_page_lists_namespaces_and_their_keys(
     assert chosen.get_attribute("data-namespace") == ns
 
 
+# A live page redraws whenever the stream reports something (a task page first replays its
+# history), replacing its elements: read and click what the page shows at that moment.
+
+
+def text(driver: WebDriver, css: str) -> str | None:
+    found: str | None = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css
+    )
+    return found
+
+
+def click(driver: WebDriver, css: str) -> None:
+    WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True
+    )
+
+
 def fail_run(client: Client, lease: dict[str, Any], error: str = "boom") -> None:
     r = client.post(
         f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"]
@@ -370,16 +388,16 @@ def test_cancel_is_offered_only_on_unfinished_tasks_and_asks_first(
     running = make_task(api, pipeline_id, title="Refactor the lexer")
     assert claimed(api, coder)["task"]["id"] == running
     visit(driver, server, f"/ui/task/{running}")
-    driver.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    click(driver, "button.cancel")
     alert = wait(driver).until(ec.alert_is_present())
     assert "Refactor the lexer" in alert.text
     alert.dismiss()  # changed one's mind: nothing happens
     assert "cancelled_at_ms" not in api.get(f"/tasks/{running}").json
-    driver.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    click(driver, "button.cancel")
     wait(driver).until(ec.alert_is_present()).accept()
-    wait(driver).until(lambda d: "cancelled" in d.find_element(By.TAG_NAME, "h1").text)
+    wait(driver).until(lambda d: "cancelled" in (text(d, "h1") or ""))
     assert api.get(f"/tasks/{running}").json["cancelled_at_ms"]
-    assert not driver.find_elements(By.CSS_SELECTOR, "button.cancel")  # cancelled: finished
+    assert text(driver, "button.cancel") is None  # cancelled: finished
 
 
 def test_the_overview_names_pipelines_and_shows_a_task_failing_in_a_loop(
@@ -399,16 +417,15 @@ def test_the_overview_names_pipelines_and_shows_a_task_failing_in_a_loop(
     for n in range(4):
         fail_run(api, claimed(api, coder), f"exit status 1 (try {n})")
     visit(driver, server, "/")
-    row = driver.find_element(By.CSS_SELECTOR, f"#stages tr[data-role='{coder}']")
-    assert name in row.text and pipeline_id[-8:] not in row.text
-    failing = driver.find_element(By.CSS_SELECTOR, f"#failing tr[data-task='{looping}']")
-    assert "Flaky build" in failing.text and name in failing.text
-    assert failing.find_element(By.CSS_SELECTOR, "td.failures").text == "4"
-    assert "try 3" in failing.find_element(By.CLASS_NAME, "error-text").text
-    failing.find_element(By.LINK_TEXT, "Flaky build").click()
+    row = text(driver, f"#stages tr[data-role='{coder}']") or ""
+    assert name in row and pipeline_id[-8:] not in row
+    failing = f"#failing tr[data-task='{looping}']"
+    assert "Flaky build" in (text(driver, failing) or "") and name in (text(driver, failing) or "")
+    assert text(driver, f"{failing} td.failures") == "4"
+    assert "try 3" in (text(driver, f"{failing} td.error-text") or "")
+    click(driver, f"{failing} a[href='/ui/task/{looping}']")
     wait(driver).until(ec.url_contains(f"/ui/task/{looping}"))
-    wait(driver).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-ready"))
-    assert driver.find_element(By.ID, "task-pipeline").text == name
+    wait(driver).until(lambda d: text(d, "#task-pipeline") == name)
 
 
 def test_a_tasks_runs_are_listed_newest_first_page_by_page(
@@ -421,16 +438,19 @@ def test_a_tasks_runs_are_listed_newest_first_page_by_page(
     claimed(api, coder, agent="agent-6")
     visit(driver, server, f"/ui/task/{task_id}?runs_limit=2")
 
-    def attempts() -> list[str | None]:
-        return [r.get_attribute("data-attempt") for r in driver.find_elements(By.CLASS_NAME, "run")]
+    def attempts() -> list[str]:
+        found: list[str] = driver.execute_script(
+            "return [...document.querySelectorAll('.run')].map((r) => r.dataset.attempt);"
+        )
+        return found
 
     pages = [attempts()]
-    while driver.find_elements(By.ID, "older-runs"):
-        driver.find_element(By.ID, "older-runs").click()
-        wait(driver).until(lambda d, seen=pages[-1]: attempts() and attempts() != seen)
+    while text(driver, "#older-runs") is not None:
+        click(driver, "#older-runs")
+        wait(driver).until(lambda d, seen=pages[-1]: (now := attempts()) and now != seen)
         pages.append(attempts())
     assert pages == [["6", "5"], ["4", "3"], ["2", "1"]]
-    driver.find_element(By.ID, "newest-runs").click()
+    click(driver, "#newest-runs")
     wait(driver).until(lambda d: attempts() == ["6", "5"])
 
 
@@ -441,11 +461,9 @@ def test_a_task_waiting_on_a_retry_delay_says_when_it_comes_back(
     task_id = make_task(api, pipeline_id, retry_policy={"retry_delay_ms": 3_600_000})
     fail_run(api, claimed(api, coder))
     visit(driver, server, f"/ui/task/{task_id}")
-    eligible = driver.find_element(By.ID, "eligible")
-    assert eligible.get_attribute("data-at") == str(
-        api.get(f"/tasks/{task_id}").json["next_eligible_at_ms"]
-    )
-    assert "claimable again" in eligible.text
+    at = driver.execute_script("return document.getElementById('eligible').dataset.at;")
+    assert at == str(api.get(f"/tasks/{task_id}").json["next_eligible_at_ms"])
+    assert "claimable again" in (text(driver, "#eligible") or "")
 
 
 def test_the_store_badge_tells_whether_the_page_is_live(
