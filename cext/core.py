@@ -27,6 +27,17 @@ DEFAULT_LEASE_TTL_MS = 300_000
 MAX_LEASE_TTL_MS = 86_400_000
 _MAX_TIME = 2**63 - 1
 
+# The default backoff, for a task that sets no retry delay in a stage that sets none: the first
+# DEFAULT_IMMEDIATE_RETRIES failures are retried at once (as the original retries every one),
+# then the delay starts at DEFAULT_RETRY_DELAY_MS and doubles per failure, +/- 20 % at random,
+# up to DEFAULT_RETRY_MAX_DELAY_MS. A command that fails at once is then tried a handful of
+# times a minute at first and every few minutes later, instead of in a loop at full speed.
+DEFAULT_IMMEDIATE_RETRIES = 2
+DEFAULT_RETRY_DELAY_MS = 1_000
+DEFAULT_RETRY_BACKOFF = 2.0
+DEFAULT_RETRY_MAX_DELAY_MS = 300_000
+DEFAULT_RETRY_JITTER = 0.2
+
 
 COMPILED: bool = cython.compiled
 
@@ -79,11 +90,26 @@ def retry_delay(
     return delay
 
 
+def default_retry_delay(failed_attempts: int, rand: float) -> int:
+    """The default backoff's delay before retry number `failed_attempts` (see above)."""
+    if failed_attempts <= DEFAULT_IMMEDIATE_RETRIES:
+        return 0
+    delay: int = retry_delay(
+        DEFAULT_RETRY_DELAY_MS,
+        backoff=DEFAULT_RETRY_BACKOFF,
+        max_delay_ms=DEFAULT_RETRY_MAX_DELAY_MS,
+        jitter=DEFAULT_RETRY_JITTER,
+        failed_attempts=failed_attempts - DEFAULT_IMMEDIATE_RETRIES,
+        rand=rand,
+    )
+    return delay
+
+
 def decide_failure(
     *,
     stage: str,
     max_attempts: int | None,
-    retry_delay_ms: int,
+    retry_delay_ms: int | None,
     dead_letter_stage: str | None,
     pipeline: Pipeline | None,
     failed_attempts: int,
@@ -98,7 +124,8 @@ def decide_failure(
     `failed_attempts` counts every failed attempt of the task so far, this one included.
     `max_attempts` is the number of failures allowed (None: retry forever; <= 0: the first
     failure dead-letters). The dead-letter stage is used only if it names a state of the
-    task's pipeline. The retry delay grows by `backoff` per failure (see `retry_delay`).
+    task's pipeline. The retry delay grows by `backoff` per failure (see `retry_delay`);
+    `retry_delay_ms` None (neither the task nor its stage sets a delay) is the default backoff.
     """
     if max_attempts is not None and failed_attempts >= max_attempts:
         usable = (
@@ -109,14 +136,17 @@ def decide_failure(
             else None
         )
         return DeadLettered(failed_attempts, stage, usable)
-    delay = retry_delay(
-        retry_delay_ms,
-        backoff=backoff,
-        max_delay_ms=max_delay_ms,
-        jitter=jitter,
-        failed_attempts=failed_attempts,
-        rand=rand,
-    )
+    if retry_delay_ms is None:
+        delay = default_retry_delay(failed_attempts, rand)
+    else:
+        delay = retry_delay(
+            retry_delay_ms,
+            backoff=backoff,
+            max_delay_ms=max_delay_ms,
+            jitter=jitter,
+            failed_attempts=failed_attempts,
+            rand=rand,
+        )
     at = max(0, min(now + delay, _MAX_TIME))
     return RetryScheduled(failed_attempts, delay, at)
 

@@ -37,6 +37,7 @@ from nulltickets.domain.model import (
     ClaimResult,
     Dependency,
     EventPage,
+    FailingReport,
     FailureGroups,
     FailurePage,
     Health,
@@ -278,10 +279,17 @@ class AsyncClient:
         )
 
     async def list_task_runs(
-        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+        self,
+        task_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        newest_first: bool = False,
     ) -> TaskRunPage:
-        """Every run of the task, oldest attempt first, with its agent and error."""
-        return await self.run(Calls.list_task_runs(task_id, limit=limit, cursor=cursor))
+        """Every run of the task, oldest attempt first (or newest first), with its agent and
+        error."""
+        call = Calls.list_task_runs(task_id, limit=limit, cursor=cursor, newest_first=newest_first)
+        return await self.run(call)
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self.run(Calls.get_task(task_id))
@@ -580,6 +588,17 @@ class AsyncClient:
     ) -> FailureGroups:
         """The failed tasks grouped by state and last error, the largest groups first."""
         return await self.run(Calls.failure_groups(kind=kind, pipeline_id=pipeline_id, limit=limit))
+
+    async def failing_report(
+        self,
+        *,
+        min_failures: int | None = None,
+        window_ms: int | None = None,
+        limit: int | None = None,
+    ) -> FailingReport:
+        """Tasks failing in a loop (min_failures in a row within window_ms), most first."""
+        call = Calls.failing_report(min_failures=min_failures, window_ms=window_ms, limit=limit)
+        return await self.run(call)
 
     async def list_namespaces(
         self, *, limit: int | None = None, cursor: str | None = None

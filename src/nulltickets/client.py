@@ -57,6 +57,7 @@ from nulltickets.domain.model import (
     ClaimResult,
     Dependency,
     EventPage,
+    FailingReport,
     FailureGroups,
     FailurePage,
     Health,
@@ -356,9 +357,14 @@ class Calls:
 
     @staticmethod
     def list_task_runs(
-        task_id: str, *, limit: int | None = None, cursor: str | None = None
+        task_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Call[TaskRunPage]:
-        path = _query(f"/tasks/{_seg(task_id)}/runs", limit=limit, cursor=cursor)
+        order = "desc" if newest_first else None
+        path = _query(f"/tasks/{_seg(task_id)}/runs", order=order, limit=limit, cursor=cursor)
         return Call("GET", path, _as(TaskRunPage), repeatable=True)
 
     @staticmethod
@@ -727,6 +733,15 @@ class Calls:
     ) -> Call[FailureGroups]:
         path = _query("/ops/failures/groups", kind=kind, pipeline_id=pipeline_id, limit=limit)
         return Call("GET", path, _as(FailureGroups), repeatable=True)
+
+    def failing_report(
+        *,
+        min_failures: int | None = None,
+        window_ms: int | None = None,
+        limit: int | None = None,
+    ) -> Call[FailingReport]:
+        path = _query("/ops/failing", min_failures=min_failures, window_ms=window_ms, limit=limit)
+        return Call("GET", path, _as(FailingReport), repeatable=True)
 
     @staticmethod
     def list_namespaces(
@@ -1143,10 +1158,17 @@ class Client:
         )
 
     def list_task_runs(
-        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+        self,
+        task_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        newest_first: bool = False,
     ) -> TaskRunPage:
-        """Every run of the task, oldest attempt first, with its agent and error."""
-        return self.run(Calls.list_task_runs(task_id, limit=limit, cursor=cursor))
+        """Every run of the task, oldest attempt first (or newest first), with its agent and
+        error."""
+        call = Calls.list_task_runs(task_id, limit=limit, cursor=cursor, newest_first=newest_first)
+        return self.run(call)
 
     def get_task(self, task_id: str) -> TaskDetails:
         return self.run(Calls.get_task(task_id))
@@ -1439,6 +1461,17 @@ class Client:
     ) -> FailureGroups:
         """The failed tasks grouped by state and last error, the largest groups first."""
         return self.run(Calls.failure_groups(kind=kind, pipeline_id=pipeline_id, limit=limit))
+
+    def failing_report(
+        self,
+        *,
+        min_failures: int | None = None,
+        window_ms: int | None = None,
+        limit: int | None = None,
+    ) -> FailingReport:
+        """Tasks failing in a loop (min_failures in a row within window_ms), most first."""
+        call = Calls.failing_report(min_failures=min_failures, window_ms=window_ms, limit=limit)
+        return self.run(call)
 
     def list_namespaces(
         self, *, limit: int | None = None, cursor: str | None = None

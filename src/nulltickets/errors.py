@@ -162,6 +162,13 @@ class InvalidPipeline(TrackerError):
     code = "validation_failed"
 
 
+class InvalidRetryPolicy(TrackerError):
+    """The task's retry_policy is invalid: an unknown key, a value out of range, or a
+    dead_letter_stage that is not a stage of the task's pipeline."""
+
+    code = "invalid_retry_policy"
+
+
 class DuplicateName(TrackerError):
     """A pipeline with this name already exists."""
 

@@ -55,6 +55,7 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     FailedTask,
+    FailingReport,
     FailureGroups,
     FeedEvent,
     Health,
@@ -95,6 +96,7 @@ from nulltickets.errors import (
     InvalidPipeline,
     InvalidQuery,
     InvalidRequest,
+    InvalidRetryPolicy,
     InvalidStage,
     LeaseExpired,
     LeaseNotFound,
@@ -221,13 +223,21 @@ class Tracker:
 
     # --- tasks ---------------------------------------------------------------------------------
 
-    def create_task(self, b: Backend, cmd: CreateTask, now: int) -> str:
+    def create_task(
+        self, b: Backend, cmd: CreateTask, now: int, where: str = "$.retry_policy"
+    ) -> str:
         if b.get_pipeline(cmd.pipeline_id) is None:
             raise PipelineNotFound(f"pipeline {cmd.pipeline_id!r} not found")
         pipeline = self._definition(b, cmd.pipeline_id)
         if pipeline is None:
             raise TrackerError("the pipeline's stored definition cannot be read")
         policy = cmd.retry_policy
+        dead_letter = policy.dead_letter_stage if policy is not None else None
+        if dead_letter is not None and dead_letter not in pipeline.states:
+            raise InvalidRetryPolicy(
+                f"{where}.dead_letter_stage {dead_letter!r} is not a stage of the pipeline "
+                f"(its stages: {', '.join(pipeline.states)})"
+            )
         task_id = new_id()
         inserted = b.insert_task(
             id=task_id,
@@ -266,7 +276,10 @@ class Tracker:
         return task_id
 
     def create_tasks(self, b: Backend, cmds: list[CreateTask], now: int) -> list[str]:
-        return [self.create_task(b, cmd, now) for cmd in cmds]
+        return [
+            self.create_task(b, cmd, now, f"$.tasks[{i}].retry_policy")
+            for i, cmd in enumerate(cmds)
+        ]
 
     def _available(self, b: Backend, task: Task) -> list[AvailableTransition]:
         """The transitions out of the task's stage (built once per pipeline and stage: a
@@ -347,11 +360,17 @@ class Tracker:
         return _page(rows, limit, lambda t: f"{t.created_at_ms}:{t.id}")
 
     def list_task_runs(
-        self, b: Backend, task_id: str, after: int, limit: int
+        self, b: Backend, task_id: str, cursor: int | None, limit: int, newest_first: bool
     ) -> tuple[list[TaskRun], str | None]:
+        """A page of the task's runs, oldest attempt first (the runs after attempt `cursor`)
+        or newest first (the runs before it)."""
         if not b.task_exists(task_id):
             raise NotFound("task not found")
-        rows = b.list_task_runs(task_id, after, limit + 1)
+        if newest_first:
+            before = _NEVER if cursor is None else cursor
+            rows = b.list_task_runs_newest(task_id, before, limit + 1)
+        else:
+            rows = b.list_task_runs(task_id, cursor or 0, limit + 1)
         return _page(rows, limit, lambda r: str(r.attempt))
 
     def run_state(self, b: Backend, task_id: str) -> str:
@@ -580,9 +599,10 @@ class Tracker:
         `run_id` (its `failed`-th) that reported `error`."""
         pipeline = self._definition(b, task.pipeline_id)
         policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
-        # The task's own retry delay wins; the stage's applies when the task set none.
-        base = task.retry_delay_ms
-        if policy.retry_delay_ms is not None and not (base or b.retry_delay_set(task.id)):
+        # The task's own retry delay wins; the stage's applies when the task set none; the
+        # default backoff when neither did (None).
+        base: int | None = task.retry_delay_ms
+        if not (base or b.retry_delay_set(task.id)):
             base = policy.retry_delay_ms
         outcome = core.decide_failure(
             stage=task.stage,
@@ -1042,6 +1062,12 @@ class Tracker:
         groups = b.failure_groups(states=states, pipeline_id=pipeline_id, limit=limit)
         return FailureGroups(groups, now)
 
+    def failing_report(
+        self, b: Backend, now: int, window_ms: int, min_failures: int, limit: int
+    ) -> FailingReport:
+        rows = b.failing_tasks(now - window_ms, min_failures, THROUGHPUT_WINDOW, limit)
+        return FailingReport(rows, window_ms, min_failures, now)
+
     def stage_report(self, b: Backend, now: int) -> StageReport:
         stages = [
             StageQueue(p, s, r, c, None if oldest is None else now - oldest, *counts)
@@ -1282,9 +1308,11 @@ class Service:
         )
 
     async def list_task_runs(
-        self, task_id: str, after: int, limit: int
+        self, task_id: str, cursor: int | None, limit: int, *, newest_first: bool = False
     ) -> tuple[list[TaskRun], str | None]:
-        return await self._read(lambda b: self.tracker.list_task_runs(b, task_id, after, limit))
+        return await self._read(
+            lambda b: self.tracker.list_task_runs(b, task_id, cursor, limit, newest_first)
+        )
 
     async def get_task(self, task_id: str) -> TaskDetails:
         return await self._read(lambda b: self.tracker.get_task(b, task_id))
@@ -1668,6 +1696,14 @@ class Service:
             lambda b: self.tracker.failure_groups(
                 b, kind=kind, pipeline_id=pipeline_id, limit=limit, now=now
             )
+        )
+
+    async def failing_report(self, window_ms: int, min_failures: int, limit: int) -> FailingReport:
+        """Tasks failing in a loop: `min_failures` or more failures in a row within the last
+        `window_ms`, most failures first."""
+        now = self.clock()
+        return await self._read(
+            lambda b: self.tracker.failing_report(b, now, window_ms, min_failures, limit)
         )
 
     # --- the event stream and metrics ----------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -250,14 +251,14 @@ def test_the_run_timeline_names_the_agent_of_every_run(
         "return [...document.querySelectorAll('.run')].map((r) => "
         "[r.dataset.run, r.querySelector('h3 .agent').textContent, r.textContent]);"
     )
-    expected = [
-        [first["run"]["id"], "agent-first"],
+    expected = [  # newest first
         [second["run"]["id"], "agent-second"],
+        [first["run"]["id"], "agent-first"],
     ]
     runs = wait(driver).until(
         lambda d: (found := d.execute_script(read)) and [f[:2] for f in found] == expected and found
     )
-    assert "claimed by agent-first" in runs[0][2] and "flaky" in runs[0][2]
+    assert "claimed by agent-first" in runs[1][2] and "flaky" in runs[1][2]
 
 
 def test_the_task_list_filters_by_text_across_pages(
@@ -323,6 +324,7 @@ def test_the_failures_page_lists_retry_waits_with_requeue_and_cancel(
     driver.find_element(
         By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}'] button.cancel"
     ).click()
+    wait(driver).until(ec.alert_is_present()).accept()  # Cancel asks first
     dead = f"#failures tr[data-task='{waiting[1]}']"
     wait(driver).until(ec.presence_of_element_located((By.CSS_SELECTOR, dead)))
     assert not driver.find_elements(By.CSS_SELECTOR, f"#retrying tr[data-task='{waiting[1]}']")
@@ -523,3 +525,144 @@ def test_bulk_requeue_of_a_selection_asks_first(
     wait(driver).until(ec.alert_is_present()).accept()
     wait(driver).until(lambda d: d.find_elements(By.ID, "no-failures"))
     assert api.get(f"/tasks/{picked[2]}").json["cancelled_at_ms"]
+
+
+# A live page redraws whenever the stream reports something (a task page first replays its
+# history), replacing its elements: read and click what the page shows at that moment.
+
+
+def text(driver: WebDriver, css: str) -> str | None:
+    found: str | None = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css
+    )
+    return found
+
+
+def click(driver: WebDriver, css: str) -> None:
+    WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True
+    )
+
+
+def fail_run(client: Client, lease: dict[str, Any], error: str = "boom") -> None:
+    r = client.post(
+        f"/runs/{lease['run']['id']}/fail", {"error": error}, token=lease["lease_token"]
+    )
+    assert r.status == 200, r.body
+
+
+def test_cancel_is_offered_only_on_unfinished_tasks_and_asks_first(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, reviewer = pipeline_with_roles(api)
+    done = make_task(api, pipeline_id, priority=1)
+    submit(api, claimed(api, coder), "submit")
+    submit(api, claimed(api, reviewer), "approve")
+    assert api.get(f"/tasks/{done}").json["stage"] == "done"
+    visit(driver, server, f"/ui/task/{done}")
+    assert driver.find_elements(By.CSS_SELECTOR, "button.requeue")
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.cancel")
+
+    running = make_task(api, pipeline_id, title="Refactor the lexer")
+    assert claimed(api, coder)["task"]["id"] == running
+    visit(driver, server, f"/ui/task/{running}")
+    click(driver, "button.cancel")
+    alert = wait(driver).until(ec.alert_is_present())
+    assert "Refactor the lexer" in alert.text
+    alert.dismiss()  # changed one's mind: nothing happens
+    assert "cancelled_at_ms" not in api.get(f"/tasks/{running}").json
+    click(driver, "button.cancel")
+    wait(driver).until(ec.alert_is_present()).accept()
+    wait(driver).until(lambda d: "cancelled" in (text(d, "h1") or ""))
+    assert api.get(f"/tasks/{running}").json["cancelled_at_ms"]
+    assert text(driver, "button.cancel") is None  # cancelled: finished
+
+
+def test_the_overview_names_pipelines_and_shows_a_task_failing_in_a_loop(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    name = unique("nightly-builds")
+    coder = unique("coder")
+    definition = {
+        "initial": "todo",
+        "states": {"todo": {"agent_role": coder}, "done": {"terminal": True}},
+        "transitions": [{"from": "todo", "to": "done", "trigger": "submit"}],
+    }
+    r = api.post("/pipelines", {"name": name, "definition": definition})
+    assert r.status == 201, r.body
+    pipeline_id = r.json["id"]
+    looping = make_task(api, pipeline_id, title="Flaky build", retry_policy={"retry_delay_ms": 0})
+    for n in range(4):
+        fail_run(api, claimed(api, coder), f"exit status 1 (try {n})")
+    visit(driver, server, "/")
+    row = text(driver, f"#stages tr[data-role='{coder}']") or ""
+    assert name in row and pipeline_id[-8:] not in row
+    failing = f"#failing tr[data-task='{looping}']"
+    assert "Flaky build" in (text(driver, failing) or "") and name in (text(driver, failing) or "")
+    assert text(driver, f"{failing} td.failures") == "4"
+    assert "try 3" in (text(driver, f"{failing} td.error-text") or "")
+    click(driver, f"{failing} a[href='/ui/task/{looping}']")
+    wait(driver).until(ec.url_contains(f"/ui/task/{looping}"))
+    wait(driver).until(lambda d: text(d, "#task-pipeline") == name)
+
+
+def test_a_tasks_runs_are_listed_newest_first_page_by_page(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    task_id = make_task(api, pipeline_id, retry_policy={"retry_delay_ms": 0})
+    for n in range(1, 6):
+        fail_run(api, claimed(api, coder, agent=f"agent-{n}"))
+    claimed(api, coder, agent="agent-6")
+    visit(driver, server, f"/ui/task/{task_id}?runs_limit=2")
+
+    def attempts() -> list[str]:
+        found: list[str] = driver.execute_script(
+            "return [...document.querySelectorAll('.run')].map((r) => r.dataset.attempt);"
+        )
+        return found
+
+    pages = [attempts()]
+    while text(driver, "#older-runs") is not None:
+        click(driver, "#older-runs")
+        wait(driver).until(lambda d, seen=pages[-1]: (now := attempts()) and now != seen)
+        pages.append(attempts())
+    assert pages == [["6", "5"], ["4", "3"], ["2", "1"]]
+    click(driver, "#newest-runs")
+    wait(driver).until(lambda d: attempts() == ["6", "5"])
+
+
+def test_a_task_waiting_on_a_retry_delay_says_when_it_comes_back(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(api)
+    task_id = make_task(api, pipeline_id, retry_policy={"retry_delay_ms": 3_600_000})
+    fail_run(api, claimed(api, coder))
+    visit(driver, server, f"/ui/task/{task_id}")
+    at = driver.execute_script("return document.getElementById('eligible').dataset.at;")
+    assert at == str(api.get(f"/tasks/{task_id}").json["next_eligible_at_ms"])
+    assert "claimable again" in (text(driver, "#eligible") or "")
+
+
+def test_the_store_badge_tells_whether_the_page_is_live(
+    driver: WebDriver, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    own = Server(tmp_path_factory.mktemp("badge") / "badge.db").start()
+    try:
+        client = own.client()
+        visit(driver, own, "/ui/store")
+        badge = driver.find_element(By.ID, "live")
+        wait(driver).until(lambda d: badge.get_attribute("data-state") == "live")
+        assert "live" in badge.text and "connecting" not in badge.text
+        # Live indeed: a namespace written now shows up without a reload.
+        ns = unique("fresh")
+        assert client.put(f"/store/{ns}/k", {"value": 1}).status == 204
+        client.close()
+        wait(driver).until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f"tr[data-namespace='{ns}']"))
+        )
+        own.stop()
+        wait(driver).until(lambda d: badge.get_attribute("data-state") == "reconnecting")
+        assert "reconnecting" in badge.text
+    finally:
+        own.stop()

@@ -266,6 +266,42 @@ def test_task_runs_list_every_attempt_with_its_agent_and_error(client: Client) -
     assert client.get(f"/tasks/{task_id}/runs?cursor=x").error_code == "invalid_cursor"
 
 
+def test_task_runs_page_newest_first_on_request(client: Client) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id, retry_policy={"retry_delay_ms": 0})
+    for n in range(1, 5):
+        lease = claimed(client, coder, agent=f"agent-{n}")
+        assert (lease["task"]["id"], lease["run"]["attempt"]) == (task_id, n)
+        r = client.post(
+            f"/runs/{lease['run']['id']}/fail", {"error": f"e{n}"}, token=lease["lease_token"]
+        )
+        assert r.status == 200, r.body
+    claimed(client, coder, agent="agent-5")
+
+    def pages(query: str) -> list[list[int]]:
+        found, cursor = [], None
+        while True:
+            url = f"/tasks/{task_id}/runs?{query}" + (f"&cursor={cursor}" if cursor else "")
+            r = client.get(url)
+            assert r.status == 200, r.body
+            found.append([x["attempt"] for x in r.json["items"]])
+            cursor = r.json["next_cursor"]
+            if cursor is None:
+                return found
+
+    assert pages("order=desc&limit=2") == [[5, 4], [3, 2], [1]]
+    assert pages("order=desc") == [[5, 4, 3, 2, 1]]
+    assert pages("order=desc&limit=5") == [[5, 4, 3, 2, 1]]
+    assert pages("order=asc&limit=3") == [[1, 2, 3], [4, 5]]
+    assert pages("limit=3") == [[1, 2, 3], [4, 5]]  # the default: oldest first, as before
+    newest = client.get(f"/tasks/{task_id}/runs?order=desc&limit=1").json["items"][0]
+    assert (newest["agent_id"], newest["status"]) == ("agent-5", "running")
+    r = client.get(f"/tasks/{task_id}/runs?order=newest")
+    assert (r.status, r.error_code) == (400, "invalid_request")
+    r = client.get(f"/tasks/{task_id}/runs?order=desc&cursor=x")
+    assert (r.status, r.error_code) == (400, "invalid_cursor")
+
+
 def test_tasks_filter_by_text_in_the_title_or_id(client: Client) -> None:
     pipeline_id, coder, _ = pipeline_with_roles(client)
     word = unique("Parser").replace("-", "")
@@ -311,6 +347,56 @@ def test_retrying_lists_the_tasks_waiting_on_a_retry_delay(client: Client) -> No
     assert [x for x in report["items"] if x["task_id"] == delayed] == []
 
 
+def failing_task(client: Client, failures: int, **policy: Any) -> tuple[str, str, str]:
+    """A task of a pipeline of its own that failed `failures` times; (pipeline, task, role)."""
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    task_id = make_task(client, pipeline_id, retry_policy={"retry_delay_ms": 0, **policy})
+    for n in range(1, failures + 1):
+        lease = claimed(client, coder)
+        r = client.post(
+            f"/runs/{lease['run']['id']}/fail", {"error": f"error {n}"}, token=lease["lease_token"]
+        )
+        assert r.status == 200, r.body
+    return pipeline_id, task_id, coder
+
+
+def test_failing_lists_the_tasks_failing_in_a_loop(client: Client) -> None:
+    looping_pipeline, looping, _ = failing_task(client, 4)
+    twice_pipeline, twice, _ = failing_task(client, 2)
+    mended_pipeline, mended, coder = failing_task(client, 3)
+    lease = claimed(client, coder)
+    r = client.post(
+        f"/runs/{lease['run']['id']}/transition", {"trigger": "submit"}, token=lease["lease_token"]
+    )
+    assert r.status == 200, r.body
+    dead_pipeline, dead, _ = failing_task(client, 3, max_attempts=3)
+    cancelled_pipeline, cancelled, _ = failing_task(client, 3)
+    assert client.post(f"/tasks/{cancelled}/cancel").status == 200
+    ours = {looping_pipeline, twice_pipeline, mended_pipeline, dead_pipeline, cancelled_pipeline}
+
+    def listed(query: str = "") -> list[tuple[str, int]]:
+        r = client.get("/ops/failing?limit=1000" + query)
+        assert r.status == 200, r.body
+        return [(x["task_id"], x["failures"]) for x in r.json["items"] if x["pipeline_id"] in ours]
+
+    report = client.get("/ops/failing?limit=1000").json
+    assert (report["window_ms"], report["min_failures"]) == (3_600_000, 3)
+    [item] = [x for x in report["items"] if x["task_id"] == looping]
+    assert (item["pipeline_id"], item["stage"], item["failures"]) == (looping_pipeline, "todo", 4)
+    assert item["error"] == "error 4"
+    assert item["last_failed_at_ms"] <= report["generated_at_ms"]
+    details = client.get(f"/tasks/{looping}").json
+    assert item["next_eligible_at_ms"] == details["next_eligible_at_ms"]
+    assert item["title"] == details["title"]
+    assert listed() == [(looping, 4)]
+    assert listed("&min_failures=2") == [(looping, 4), (twice, 2)]
+    assert listed("&min_failures=5") == []
+    for query in ("min_failures=0", "window_ms=1000", "window_ms=86400001", "limit=0"):
+        r = client.get(f"/ops/failing?{query}")
+        assert r.status == 400, (query, r.body)
+    assert {mended, dead, cancelled}.isdisjoint(t for t, _ in listed("&min_failures=1"))
+
+
 def test_namespaces_are_listed_with_their_key_counts(client: Client) -> None:
     prefix = unique("zz-ns")
     names = [f"{prefix}-a", f"{prefix}-b"]
@@ -351,14 +437,18 @@ def test_the_python_clients_call_the_dashboards_routes(shared_server: Server) ->
         assert (run.agent_id, run.status, run.error) == ("agent-py", "failed", "later")
         waiting = [w for w in api.retry_report(limit=1000).items if w.task_id == task_id]
         assert [w.error for w in waiting] == ["later"]
+        assert api.list_task_runs(task_id, newest_first=True, limit=1).items[0].id == run.id
+        failing = api.failing_report(min_failures=1, window_ms=600_000, limit=1000)
+        assert [f.error for f in failing.items if f.task_id == task_id] == ["later"]
         page = api.list_namespaces(limit=1, cursor=ns[:-1])
         assert [(n.namespace, n.keys) for n in page.items] == [(ns, 1)]
 
     async def from_async() -> tuple[list[str], list[str | None]]:
         async with aclient.AsyncClient(shared_server.base) as api:
             tasks = await api.list_tasks(text=word.upper(), pipeline_id=pipeline_id)
-            runs = await api.list_task_runs(task_id, limit=1)
+            runs = await api.list_task_runs(task_id, limit=1, newest_first=True)
             await api.retry_report()
+            await api.failing_report(min_failures=2)
             await api.list_namespaces()
             return [t.id for t in tasks.items], [r.agent_id for r in runs.items]
 

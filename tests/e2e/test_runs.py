@@ -771,28 +771,6 @@ def test_dead_letter_stage_in_a_terminal_state_resolves_dependents(client: Clien
     assert claim(client, coder).task_id == dependent
 
 
-def test_invalid_dead_letter_stage_dead_letters_the_task_in_place(client: Client) -> None:
-    lease, coder, _ = claimed(
-        client, retry_policy={"max_attempts": 1, "dead_letter_stage": "nowhere"}
-    )
-    assert lease.fail().status == 200
-    details = task(client, lease.task_id)
-    assert details["stage"] == "todo"
-    assert details["task_version"] == 1
-    assert details["dead_letter_reason"] == "max_attempts_exceeded"
-    assert details["next_eligible_at_ms"] == DEAD_LETTER_ELIGIBLE_AT
-    [event] = events_of_kind(client, lease.run_id, "dead_letter")
-    assert event["data"] == {
-        "reason": "max_attempts_exceeded",
-        "failed_attempts": 1,
-        "from_stage": "todo",
-        "dead_letter_stage": None,
-    }
-    for agent in ("a", "b"):
-        r = client.post("/leases/claim", {"agent_id": agent, "agent_role": coder})
-        assert r.status == 204, r.body
-
-
 def test_exhausted_attempts_without_dead_letter_stage_dead_letter_in_place(
     client: Client,
 ) -> None:
@@ -805,13 +783,9 @@ def test_exhausted_attempts_without_dead_letter_stage_dead_letter_in_place(
     assert r.status == 204
 
 
-@pytest.mark.parametrize("max_attempts", [0, -3])
-def test_max_attempts_not_positive_dead_letters_on_the_first_failure(
-    client: Client, max_attempts: int
-) -> None:
-    lease, _, _ = claimed(
-        client, retry_policy={"max_attempts": max_attempts, "dead_letter_stage": "dead"}
-    )
+def test_max_attempts_zero_dead_letters_on_the_first_failure(client: Client) -> None:
+    # A negative max_attempts did the same in the original; it is refused now (test_tasks.py).
+    lease, _, _ = claimed(client, retry_policy={"max_attempts": 0, "dead_letter_stage": "dead"})
     assert lease.fail().status == 200
     details = task(client, lease.task_id)
     assert details["stage"] == "dead"
@@ -820,12 +794,66 @@ def test_max_attempts_not_positive_dead_letters_on_the_first_failure(
 
 
 def test_unlimited_attempts_never_dead_letter(client: Client) -> None:
-    lease, coder, _ = claimed(client)
+    # A retry delay of 0, set on purpose: every failure is retried at once, as the original does.
+    lease, coder, _ = claimed(client, retry_policy={"retry_delay_ms": 0})
     for attempt in range(1, 6):
         assert lease.doc["run"]["attempt"] == attempt
         assert lease.fail().status == 200
         lease = claim(client, coder)
     assert task(client, lease.task_id)["dead_letter_reason"] is None
+
+
+def test_without_a_retry_delay_failures_back_off_after_two_immediate_retries(
+    client: Client,
+) -> None:
+    """The default backoff: a task whose policy (and stage) sets no retry delay is offered
+    again at once after its first two failures, as the original offers it after every one;
+    from the third on it waits 1 s, 2 s, 4 s ... (+/- 20 %), up to 5 minutes. Each retry is
+    made claimable early by an operator's requeue, which keeps the failures counting."""
+    lease, coder, _ = claimed(client, retry_policy={"max_attempts": 50})
+    task_id = lease.task_id
+    for attempt in (1, 2):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        assert event["data"]["retry_delay_ms"] == 0
+        assert task(client, task_id)["next_eligible_at_ms"] == event["data"]["next_eligible_at_ms"]
+        lease = claim(client, coder)  # at once
+        assert (lease.task_id, lease.doc["run"]["attempt"]) == (task_id, attempt + 1)
+    delays = []
+    for failures in range(3, 14):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        data = event["data"]
+        assert data["failed_attempts"] == failures
+        details = task(client, task_id)
+        eligible = details["next_eligible_at_ms"]
+        assert eligible == data["next_eligible_at_ms"]
+        assert eligible == details["latest_run"]["ended_at_ms"] + data["retry_delay_ms"]
+        nominal = 1000 * 2 ** (failures - 3)
+        low, high = (min(f * nominal, 300_000) for f in (0.8, 1.2))
+        assert low <= data["retry_delay_ms"] <= high, data
+        delays.append(data["retry_delay_ms"])
+        waiting = client.get("/ops/retrying?limit=1000").json["items"]
+        [shown] = [w for w in waiting if w["task_id"] == task_id]
+        assert (shown["next_eligible_at_ms"], shown["attempt"]) == (eligible, failures)
+        if data["retry_delay_ms"] >= 6_000:  # far off: not offered before then
+            r = client.post("/leases/claim", {"agent_id": "eager", "agent_role": coder})
+            assert r.status == 204, r.body
+        r = client.post(f"/tasks/{task_id}/requeue", {"reason": "try again now"})
+        assert r.status == 200, r.body
+        lease = claim(client, coder)
+        assert (lease.task_id, lease.doc["run"]["attempt"]) == (task_id, failures + 1)
+    assert delays[-2:] == [300_000, 300_000]  # the cap
+
+
+def test_a_retry_delay_of_zero_set_on_purpose_retries_at_once_every_time(client: Client) -> None:
+    lease, coder, _ = claimed(client, retry_policy={"retry_delay_ms": 0})
+    for attempt in range(1, 6):
+        assert lease.fail().status == 200
+        [event] = events_of_kind(client, lease.run_id, "retry_scheduled")
+        assert event["data"]["retry_delay_ms"] == 0
+        lease = claim(client, coder)
+        assert lease.doc["run"]["attempt"] == attempt + 1
 
 
 def test_failures_in_an_earlier_stage_consume_the_attempt_budget(client: Client) -> None:

@@ -115,6 +115,40 @@ def test_invalid_stage_policy_is_refused_naming_the_key(
 
 
 @pytest.mark.parametrize(
+    "key",
+    [
+        "retry_delay",
+        "retry_delay_s",
+        "retry_max_delay",
+        "Retry_Backoff",
+        "lease_ttl",
+        "lease_ms",
+        "max_concurency",
+        "maxconcurrency",
+        "max_attempts",
+        "dead_letter_stage",
+        "retry_policy",
+    ],
+)
+def test_an_unknown_stage_policy_key_is_refused_naming_it(client: Client, key: str) -> None:
+    r = post_pipeline(client, {key: 1000})
+    assert r.status == 400, (key, r.body)
+    assert r.error_code == "validation_failed"
+    message = r.json["error"]["message"]
+    assert f"$.states.todo.{key}" in message and "retry_delay_ms" in message, message
+
+
+def test_other_keys_of_a_state_are_kept_and_ignored(client: Client) -> None:
+    """The contract ignores unknown keys of a state: only ones that look like a policy key
+    are refused."""
+    extra = {"x_state": True, "model": "m-1", "max_tokens": 4000, "prompt": "review it"}
+    r = post_pipeline(client, {"retry_delay_ms": 10, **extra})
+    assert r.status == 201, r.body
+    stored = client.get(f"/pipelines/{r.json['id']}").json["definition"]["states"]["todo"]
+    assert {k: stored[k] for k in extra} == extra
+
+
+@pytest.mark.parametrize(
     "policy",
     [
         {"lease_ttl_ms": 1},

@@ -146,11 +146,65 @@ def test_retry_policy_fields_are_stored(client: Client) -> None:
     assert task.json["dead_letter_stage"] == "dead"
 
 
-def test_retry_policy_is_not_range_checked_or_validated(client: Client) -> None:
-    policy = {"max_attempts": -1, "retry_delay_ms": -5, "dead_letter_stage": "no-such-stage"}
-    task = client.get(f"/tasks/{new_task(client, create_pipeline(client), retry_policy=policy)}")
-    assert (task.json["max_attempts"], task.json["retry_delay_ms"]) == (-1, -5)
-    assert task.json["dead_letter_stage"] == "no-such-stage"
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        ({"max_attempt": 3}, "max_attempt"),
+        ({"max_attempts": 3, "retry_delay": 1000}, "retry_delay"),
+        ({"retry_delay_ms": 10, "backoff": 2}, "backoff"),
+        ({"dead_letter": "dead"}, "dead_letter"),
+        ({"max_attempts": -1}, "max_attempts"),
+        ({"max_attempts": -9223372036854775808}, "max_attempts"),
+        ({"retry_delay_ms": -5}, "retry_delay_ms"),
+        ({"retry_delay_ms": 31_536_000_001}, "retry_delay_ms"),
+        ({"retry_delay_ms": 9223372036854775807}, "retry_delay_ms"),
+        ({"dead_letter_stage": "no-such-stage"}, "no-such-stage"),
+        ({"max_attempts": 1, "dead_letter_stage": ""}, "dead_letter_stage"),
+    ],
+    ids=str,
+)
+def test_a_bad_retry_policy_is_400_naming_the_key_and_creates_nothing(
+    client: Client, policy: dict[str, Any], named: str
+) -> None:
+    pipeline_id = create_pipeline(client)
+    r = client.post("/tasks", task_body(pipeline_id, retry_policy=policy))
+    assert r.status == 400, (policy, r.body)
+    assert r.error_code == "invalid_retry_policy"
+    message = r.json["error"]["message"]
+    assert named in message and "retry_policy" in message, message
+    assert task_ids(client, pipeline_id) == []
+
+
+def test_a_bad_retry_policy_in_bulk_names_the_element_and_creates_nothing(
+    client: Client,
+) -> None:
+    pipeline_id = create_pipeline(client)
+    for policy, named in (({"max_attempt": 2}, "max_attempt"), ({"dead_letter_stage": "x"}, "x")):
+        tasks = [task_body(pipeline_id), task_body(pipeline_id, retry_policy=policy)]
+        r = client.post("/tasks/bulk", {"tasks": tasks})
+        assert r.status == 400, r.body
+        assert r.error_code == "invalid_retry_policy"
+        assert "$.tasks[1].retry_policy" in r.json["error"]["message"], r.json
+        assert named in r.json["error"]["message"]
+    assert task_ids(client, pipeline_id) == []
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {},
+        {"max_attempts": 0},
+        {"max_attempts": 1, "retry_delay_ms": 0, "dead_letter_stage": "dead"},
+        {"max_attempts": 9223372036854775807},
+        {"retry_delay_ms": 31_536_000_000},
+        {"dead_letter_stage": "todo"},
+        {"max_attempts": None, "retry_delay_ms": None, "dead_letter_stage": None},
+        {"max_attempts": "3", "retry_delay_ms": 1000.0},
+    ],
+    ids=str,
+)
+def test_a_valid_retry_policy_is_accepted(client: Client, policy: dict[str, Any]) -> None:
+    new_task(client, create_pipeline(client), retry_policy=policy)
 
 
 def test_partial_retry_policy_keeps_other_defaults(client: Client) -> None:

@@ -81,14 +81,14 @@ def test_workers_finish_a_crashing_backlog_exactly_once_without_redoing_checkpoi
 ) -> None:
     client = fresh_server.client()
     pipeline, role = role_pipeline(client)
-    r = client.post(
-        "/tasks/bulk",
-        {
-            "tasks": [
-                {"pipeline_id": pipeline, "title": f"t{i}", "description": ""} for i in range(50)
-            ]
-        },
-    )
+    # Retried at once (a retry delay of 0): with the default backoff, a task crashing three
+    # times in a row would wait, and the workers, which stop when idle, could stop first.
+    retry = {"retry_delay_ms": 0}
+    tasks = [
+        {"pipeline_id": pipeline, "title": f"t{i}", "description": "", "retry_policy": retry}
+        for i in range(50)
+    ]
+    r = client.post("/tasks/bulk", {"tasks": tasks})
     ids = r.json["ids"]
     agent, log = tmp_path / "agent.py", tmp_path / "agent.log"
     agent.write_text(AGENT)

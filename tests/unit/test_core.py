@@ -150,3 +150,32 @@ def test_huge_backoff_saturates_instead_of_overflowing(impl: ModuleType) -> None
         10**12, backoff=100.0, max_delay_ms=None, jitter=0.0, failed_attempts=60, rand=0.5
     )
     assert delay == 2**63 - 1
+
+
+def test_without_a_delay_the_first_two_failures_retry_at_once(impl: ModuleType) -> None:
+    for n in (1, 2):
+        assert fail(impl, retry_delay_ms=None, failed_attempts=n) == impl.RetryScheduled(n, 0, NOW)
+
+
+def test_the_default_backoff_doubles_from_a_second_up_to_five_minutes(impl: ModuleType) -> None:
+    delays = [impl.default_retry_delay(n, 0.5) for n in range(1, 14)]
+    assert (
+        delays
+        == [0, 0, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000] + [300_000] * 2
+    )
+    assert fail(
+        impl, retry_delay_ms=None, max_attempts=None, failed_attempts=4
+    ) == impl.RetryScheduled(4, 2000, NOW + 2000)
+    assert impl.default_retry_delay(10**6, 0.5) == 300_000  # no overflow, however many
+
+
+def test_the_default_backoff_has_a_fifth_of_jitter(impl: ModuleType) -> None:
+    assert impl.default_retry_delay(3, 0.0) == 800
+    assert impl.default_retry_delay(3, 0.999999) == 1199
+    assert impl.default_retry_delay(11, 0.999999) == 300_000  # capped after the jitter
+
+
+def test_the_default_backoff_still_dead_letters_at_max_attempts(impl: ModuleType) -> None:
+    assert fail(impl, retry_delay_ms=None, failed_attempts=3) == impl.DeadLettered(
+        3, "todo", "dead"
+    )

@@ -52,23 +52,31 @@ IMPLEMENTATION = "compiled" if _impl.COMPILED else "python"
 # The names callers use (typed by the source in cext/core.py, which mypy checks on its own).
 DEAD_LETTER_ELIGIBLE_AT: int = _impl.DEAD_LETTER_ELIGIBLE_AT
 DEFAULT_LEASE_TTL_MS: int = _impl.DEFAULT_LEASE_TTL_MS
+DEFAULT_IMMEDIATE_RETRIES: int = _impl.DEFAULT_IMMEDIATE_RETRIES
+DEFAULT_RETRY_DELAY_MS: int = _impl.DEFAULT_RETRY_DELAY_MS
+DEFAULT_RETRY_MAX_DELAY_MS: int = _impl.DEFAULT_RETRY_MAX_DELAY_MS
 MAX_LEASE_TTL_MS: int = _impl.MAX_LEASE_TTL_MS
 DeadLettered: Any = _impl.DeadLettered
 RetryScheduled: Any = _impl.RetryScheduled
 decide_failure: Callable[..., Any] = _impl.decide_failure
+default_retry_delay: Callable[..., int] = _impl.default_retry_delay
 decide_transition: Callable[..., Transition] = _impl.decide_transition
 lease_ttl: Callable[..., int] = _impl.lease_ttl
 retry_delay: Callable[..., int] = _impl.retry_delay
 
 __all__ = [
     "DEAD_LETTER_ELIGIBLE_AT",
+    "DEFAULT_IMMEDIATE_RETRIES",
     "DEFAULT_LEASE_TTL_MS",
+    "DEFAULT_RETRY_DELAY_MS",
+    "DEFAULT_RETRY_MAX_DELAY_MS",
     "IMPLEMENTATION",
     "MAX_LEASE_TTL_MS",
     "DeadLettered",
     "RetryScheduled",
     "decide_failure",
     "decide_transition",
+    "default_retry_delay",
     "lease_ttl",
     "load",
     "retry_delay",

@@ -36,9 +36,19 @@ class CreatePipeline(Struct):
     definition: Raw
 
 
-class RetryPolicy(Struct):
-    max_attempts: Int64 | None = None
-    retry_delay_ms: Int64 | None = None
+# The longest retry delay a task or a stage may ask for (a stage policy's bound as well).
+MAX_RETRY_DELAY_MS = 365 * 86_400_000
+
+
+class RetryPolicy(Struct, forbid_unknown_fields=True):
+    """A task's retry policy. An unknown key (a misspelled `max_attempt`) is refused rather than
+    ignored, and so is a value out of range; `dead_letter_stage` must be a stage of the task's
+    pipeline (checked where the pipeline is known). `max_attempts`: failures allowed (0: the
+    first one dead-letters; absent: unlimited). `retry_delay_ms`: the delay before each retry;
+    absent, the stage's delay, else the default backoff; 0: retry at once, every time."""
+
+    max_attempts: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    retry_delay_ms: Annotated[int, Meta(ge=0, le=MAX_RETRY_DELAY_MS)] | None = None
     dead_letter_stage: str | None = None
 
 

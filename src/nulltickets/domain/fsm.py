@@ -7,8 +7,10 @@ wins) and returns an immutable `Pipeline` that claim, transition and fail consul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
+from nulltickets.domain.commands import MAX_RETRY_DELAY_MS
 from nulltickets.errors import InvalidPipeline
 
 
@@ -117,13 +119,46 @@ def _number(
     return value
 
 
+# A state object's own keys (the contract's) and its policy keys. Other keys are kept and
+# ignored, as the contract says, except those that look like a policy key: a misspelled one
+# would otherwise be ignored silently, and the stage would run without the policy it asked for.
+_STATE_KEYS = frozenset(("agent_role", "terminal", "description", "workflow_id"))
+_POLICY_KEYS = (
+    "lease_ttl_ms",
+    "retry_delay_ms",
+    "retry_backoff",
+    "retry_max_delay_ms",
+    "retry_jitter",
+    "max_concurrency",
+)
+_TASK_POLICY_KEYS = frozenset(("retry_policy", "max_attempts", "dead_letter_stage"))
+_POLICY_PREFIXES = ("retry", "lease")
+
+
+def _unknown_policy_key(raw: dict[str, Any], path: str) -> None:
+    for key in raw:
+        if key in _STATE_KEYS or key in _POLICY_KEYS:
+            continue
+        known = ", ".join(_POLICY_KEYS)
+        if key in _TASK_POLICY_KEYS:
+            raise _fail(
+                f"{path}.{key} is not a stage policy key: max_attempts and dead_letter_stage "
+                f"belong in a task's retry_policy (a stage takes {known})"
+            )
+        lowered = key.lower()
+        if lowered.startswith(_POLICY_PREFIXES) or get_close_matches(
+            lowered, _POLICY_KEYS, n=1, cutoff=0.8
+        ):
+            raise _fail(f"{path}.{key} is not a stage policy key (a stage takes {known})")
+
+
 def _policy(raw: dict[str, Any], path: str) -> StagePolicy:
     day = 86_400_000
     policy = StagePolicy(
         lease_ttl_ms=_number(raw, "lease_ttl_ms", path, low=1, high=day),
-        retry_delay_ms=_number(raw, "retry_delay_ms", path, low=0, high=365 * day),
+        retry_delay_ms=_number(raw, "retry_delay_ms", path, low=0, high=MAX_RETRY_DELAY_MS),
         retry_backoff=_number(raw, "retry_backoff", path, low=1, high=100, integer=False) or 1.0,
-        retry_max_delay_ms=_number(raw, "retry_max_delay_ms", path, low=0, high=365 * day),
+        retry_max_delay_ms=_number(raw, "retry_max_delay_ms", path, low=0, high=MAX_RETRY_DELAY_MS),
         retry_jitter=_number(raw, "retry_jitter", path, low=0, high=1, integer=False) or 0.0,
         max_concurrency=_number(raw, "max_concurrency", path, low=1, high=1_000_000),
     )
@@ -188,6 +223,9 @@ def _shape(definition: Any) -> Pipeline:
 def parse_definition(definition: Any) -> Pipeline:
     """Validate a pipeline definition; raise InvalidPipeline naming the first failed rule."""
     pipeline = _shape(definition)
+    # Only new definitions: a stored one (load_definition) keeps working whatever it holds.
+    for name, raw in definition["states"].items():
+        _unknown_policy_key(raw, f"$.states.{name}")
     if pipeline.initial == "":
         raise _fail("$.initial must not be empty")
     if not pipeline.states:

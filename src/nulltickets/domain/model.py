@@ -90,6 +90,28 @@ class RetryReport(Struct):
     generated_at_ms: int
 
 
+class FailingTask(Struct):
+    """A task failing in a loop: `failures` attempts in a row failed (or their lease expired)
+    within the window, with no completed run since, and it is still to be retried. `error` is
+    what its latest failed attempt reported; it is claimable again at `next_eligible_at_ms`."""
+
+    task_id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    failures: int
+    error: str | None
+    last_failed_at_ms: int
+    next_eligible_at_ms: int
+
+
+class FailingReport(Struct):
+    items: list[FailingTask]
+    window_ms: int
+    min_failures: int
+    generated_at_ms: int
+
+
 class NamespaceSummary(Struct):
     """A namespace of the shared store: how many keys it holds, when one last changed."""
 

@@ -20,6 +20,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.MissingParam: 400,
     e.InvalidQuery: 400,
     e.InvalidPipeline: 400,
+    e.InvalidRetryPolicy: 400,
     e.InvalidDependency: 400,
     e.IllegalTransition: 400,
     e.ReservedNamespace: 400,

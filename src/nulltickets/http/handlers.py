@@ -9,6 +9,7 @@ that turns what a write did (`Kind`) into a status.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,10 +22,12 @@ from nulltickets.domain.tokens import lease_token_hash, same_token
 from nulltickets.errors import (
     InvalidJson,
     InvalidRequest,
+    InvalidRetryPolicy,
     LeaseExpired,
     NotFound,
     ReservedNamespace,
     TaskCancelled,
+    TrackerError,
     Unauthorized,
 )
 from nulltickets.http.request import Request
@@ -79,11 +82,34 @@ def decode(kind: type[T], body: bytes) -> T:
         value: T = decoder.decode(body)
     except UnicodeDecodeError as exc:
         raise InvalidJson(f"invalid JSON body: not UTF-8 at byte {exc.start}") from None
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidJson(f"invalid JSON body: {exc}") from None
     except RecursionError:
         raise InvalidJson("invalid JSON body: nested too deeply") from None
     return value
+
+
+_AT = re.compile(r"(?P<what>.*) - at `(?P<path>\$[^`]*)`", re.DOTALL)
+_IN_RETRY_POLICY = re.compile(r"\.retry_policy(?:\.|$)")
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(?P<key>.*)`", re.DOTALL)
+
+
+def _invalid(exc: msgspec.ValidationError) -> TrackerError:
+    """A body that is JSON but not the route's shape: 400 invalid_json (as the original
+    answers a wrong type), except for an unknown key or a value out of range in a task's
+    retry_policy, which the original accepted: 400 invalid_retry_policy, naming the key."""
+    found = _AT.fullmatch(str(exc))
+    if found is None or not _IN_RETRY_POLICY.search(found["path"]) or ", got `" in found["what"]:
+        return InvalidJson(f"invalid JSON body: {exc}")
+    unknown = _UNKNOWN_FIELD.fullmatch(found["what"])
+    if unknown is None:
+        return InvalidRetryPolicy(f"{found['path']}: {found['what']}")
+    known = ", ".join(cmd.RetryPolicy.__struct_fields__)
+    return InvalidRetryPolicy(
+        f"{found['path']}: unknown key {unknown['key']!r} (a retry_policy takes {known})"
+    )
 
 
 def decode_later(kind: type[T], body: bytes) -> Callable[[], T]:
@@ -221,9 +247,14 @@ async def list_tasks(ctx: Context, req: Request) -> Reply:
 
 async def list_task_runs(ctx: Context, req: Request) -> Reply:
     limit = req.limit(100)
-    after = req.event_cursor("an attempt number")
-    items, cursor = await ctx.service.list_task_runs(req.params["id"], after, limit)
-    return ok(200, _page(items, cursor))
+    order = req.query.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be asc (oldest attempt first) or desc (newest first)")
+    cursor = req.event_cursor("an attempt number") if "cursor" in req.query else None
+    items, next_cursor = await ctx.service.list_task_runs(
+        req.params["id"], cursor, limit, newest_first=order == "desc"
+    )
+    return ok(200, _page(items, next_cursor))
 
 
 async def get_task(ctx: Context, req: Request) -> Reply:
@@ -551,6 +582,25 @@ async def failure_groups(ctx: Context, req: Request) -> Reply:
         kind=q.get("kind"), pipeline_id=q.get("pipeline_id") or None, limit=limit
     )
     return ok(200, groups)
+
+
+FAILING_WINDOW_MS = (60_000, 3_600_000, 86_400_000)  # least, default, most
+FAILING_MIN_FAILURES = (1, 3, 1_000_000)
+
+
+def _bounded(req: Request, name: str, bounds: tuple[int, int, int]) -> int:
+    low, default, high = bounds
+    value = req.int_param(name, default)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}")
+    return value
+
+
+async def failing_report(ctx: Context, req: Request) -> Reply:
+    limit = req.limit(20)
+    window_ms = _bounded(req, "window_ms", FAILING_WINDOW_MS)
+    min_failures = _bounded(req, "min_failures", FAILING_MIN_FAILURES)
+    return ok(200, await ctx.service.failing_report(window_ms, min_failures, limit))
 
 
 # --- traces ------------------------------------------------------------------------------------

@@ -160,6 +160,7 @@ ROUTES: tuple[Route, ...] = (
         errors=(
             e.InvalidJson,
             e.InvalidRequest,
+            e.InvalidRetryPolicy,
             e.PipelineNotFound,
             e.TaskNotFound,
             e.DuplicateDependency,
@@ -203,7 +204,13 @@ ROUTES: tuple[Route, ...] = (
         request=cmd.CreateTask,
         response=h.IdBody,
         status=201,
-        errors=(e.InvalidJson, e.PipelineNotFound, e.TaskNotFound, e.DuplicateDependency),
+        errors=(
+            e.InvalidJson,
+            e.InvalidRetryPolicy,
+            e.PipelineNotFound,
+            e.TaskNotFound,
+            e.DuplicateDependency,
+        ),
         tag="tasks",
     ),
     Route(
@@ -283,11 +290,14 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/tasks/{id}/runs",
         h.list_task_runs,
-        "Every run of the task, oldest attempt first: who claimed it (agent_id, agent_role), "
-        "when, how it ended and the error it reported.",
+        "Every run of the task, oldest attempt first (order=desc: newest first): who claimed "
+        "it (agent_id, agent_role), when, how it ended and the error it reported.",
         response=model.TaskRunPage,
-        errors=(e.NotFound, e.InvalidLimit, e.InvalidCursor),
-        query=PAGE,
+        errors=(e.NotFound, e.InvalidLimit, e.InvalidCursor, e.InvalidRequest),
+        query=(
+            Query("order", "asc (the default): oldest attempt first; desc: newest first."),
+            *PAGE,
+        ),
         extra=True,
         tag="tasks",
     ),
@@ -620,6 +630,27 @@ ROUTES: tuple[Route, ...] = (
             ),
             Query("pipeline_id", "Only tasks of this pipeline."),
             Query("limit", "At most this many groups, 1..1000 (default 100).", "integer"),
+        ),
+        extra=True,
+        tag="operations",
+    ),
+    Route(
+        "GET",
+        "/ops/failing",
+        h.failing_report,
+        "Tasks failing in a loop: those with min_failures or more failed (or expired) "
+        "attempts in a row within the last window_ms, no completed run since, and still to be "
+        "retried; most failures first, with the latest error and when each is claimable again.",
+        response=model.FailingReport,
+        errors=(e.InvalidLimit, e.InvalidRequest),
+        query=(
+            Query("min_failures", "Failures in a row, at least (default 3).", "integer"),
+            Query(
+                "window_ms",
+                "How far back, 60000..86400000 (default 3600000: the last hour).",
+                "integer",
+            ),
+            Query("limit", "At most this many tasks, 1..1000 (default 20).", "integer"),
         ),
         extra=True,
         tag="operations",

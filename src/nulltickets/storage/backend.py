@@ -29,6 +29,7 @@ from nulltickets.domain.model import (
     Dependency,
     Event,
     FailedTask,
+    FailingTask,
     Failure,
     FailureGroup,
     FeedEvent,
@@ -311,9 +312,22 @@ class Backend:
         rows = self._all("list_task_runs", {"task_id": task_id, "after": after, "limit": limit})
         return [TaskRun(*r) for r in rows]
 
+    def list_task_runs_newest(self, task_id: str, before: int, limit: int) -> list[TaskRun]:
+        """The task's runs before attempt `before`, newest first."""
+        params = {"task_id": task_id, "before": before, "limit": limit}
+        return [TaskRun(*r) for r in self._all("list_task_runs_newest", params)]
+
     def retry_waiting(self, now: int, limit: int) -> list[RetryWaiting]:
         """Tasks waiting on a retry delay at `now`, soonest claimable first."""
         return [RetryWaiting(*r) for r in self._all("retry_waiting", {"now": now, "limit": limit})]
+
+    def failing_tasks(
+        self, since: int, min_failures: int, window: int, limit: int
+    ) -> list[FailingTask]:
+        """Tasks with `min_failures` or more failures in a row since `since` (among the newest
+        `window` events), most failures first."""
+        params = {"since": since, "min_failures": min_failures, "window": window, "limit": limit}
+        return [FailingTask(*r) for r in self._all("failing_tasks", params)]
 
     def list_namespaces(self, after: str, limit: int) -> list[NamespaceSummary]:
         """The store's namespaces after `after`, by name."""

@@ -98,16 +98,54 @@ async function redraw(draw) {
   if (again) { again = false; redraw(draw); }
 }
 
+// The badge says what the page really does: "live" while it follows the server, "reconnecting"
+// while the browser tries again, "not live" once it has given up (or on a page that does not
+// follow anything).
+const BADGE = {
+  live: ["● live", "this page updates by itself"],
+  reconnecting: ["○ reconnecting", "the connection was lost; trying again"],
+  off: ["○ not live", "this page does not update by itself: reload it"],
+};
+function setLive(state, title) {
+  const [text, why] = BADGE[state];
+  liveBadge.textContent = text;
+  liveBadge.title = title || why;
+  liveBadge.dataset.state = state;
+  liveBadge.classList.toggle("on", state === "live");
+}
+
 function live(query, onEvent) {
   const url = "/events/stream" + (query ? "?" + new URLSearchParams(query) : "");
   const source = new EventSource(url, { withCredentials: true });
-  source.onopen = () => { liveBadge.textContent = "● live"; liveBadge.classList.add("on"); };
-  source.onerror = () => { liveBadge.textContent = "○ reconnecting"; liveBadge.classList.remove("on"); };
+  source.onopen = () => setLive("live");
+  // A stream the browser will not open again (refused, or not an event stream) is CLOSED.
+  source.onerror = () => setLive(source.readyState === EventSource.CLOSED ? "off" : "reconnecting");
   source.onmessage = (m) => onEvent(JSON.parse(m.data));
   // Close the stream when the page goes away: a browser holds few connections per server,
   // and a stream it kept open for a page left behind would hold one of them.
   addEventListener("pagehide", () => source.close());
   return source;
+}
+
+// The shared store writes no events: its page reads again every few seconds instead, and
+// redraws only when something changed and nobody is typing into its form.
+function polled(read, draw, ms = 5000) {
+  let last = null;
+  const tick = async () => {
+    try {
+      const data = await read();
+      const seen = JSON.stringify(data);
+      const typing = main.contains(document.activeElement) && document.activeElement.matches("input, select");
+      if (seen !== last && !typing) { draw(data); last = seen; }
+      setLive("live", `this page reads the server again every ${ms / 1000} s`);
+    } catch (err) {
+      if (err instanceof Refused) { setLive("off"); return; }
+      if (last === null) showError(err);
+      setLive("reconnecting");
+    }
+    setTimeout(tick, ms);
+  };
+  return tick();
 }
 
 // A redraw on every event would be wasteful under load: at most one per 300 ms.
@@ -139,7 +177,11 @@ function chart(perMinute) {
 }
 
 async function overview() {
-  const [stages, queue, health] = await Promise.all([get("/ops/stages"), get("/ops/queue"), get("/health")]);
+  const [stages, queue, health, pipelines, failing] = await Promise.all([
+    get("/ops/stages"), get("/ops/queue"), get("/health"), get("/pipelines"), get("/ops/failing?limit=20"),
+  ]);
+  const names = Object.fromEntries(pipelines.map((p) => [p.id, p.name]));
+  const pipelineName = (id) => h("span", { class: "pipeline", title: id }, names[id] ?? short(id));
   const sum = (k) => stages.stages.reduce((a, r) => a + r[k], 0);
   const cards = h("div", { class: "cards" },
     ["claimable", "leased", "waiting_retry", "blocked", "dead_lettered", "cancelled"].map((k) =>
@@ -149,7 +191,7 @@ async function overview() {
   // dead-lettered task counts where it is, as /health counts it.
   const rows = stages.stages.map((r) => h("tr", { "data-role": r.role ?? "", "data-stage": r.stage, "data-pipeline": r.pipeline_id },
     h("td", {}, r.role ?? h("span", { class: "muted" }, "no role")), h("td", {}, h("a", { href: `/ui/tasks?pipeline_id=${r.pipeline_id}&stage=${encodeURIComponent(r.stage)}` }, r.stage)),
-    h("td", {}, h("code", {}, short(r.pipeline_id))),
+    h("td", {}, pipelineName(r.pipeline_id)),
     ...["claimable", "leased", "waiting_retry", "blocked"].map((k) => h("td", { class: `num c-${k}` }, r[k])),
     ...["dead_lettered", "cancelled"].map((k) => h("td", { class: `num c-${k}` },
       r[k] ? h("a", { href: `/ui/failures?kind=${k === "cancelled" ? "cancelled" : "dead"}&pipeline_id=${r.pipeline_id}` }, r[k]) : r[k])),
@@ -157,9 +199,22 @@ async function overview() {
   const roles = queue.roles.map((q) => h("tr", {},
     h("td", {}, q.role), h("td", { class: "num" }, q.claimable_count), h("td", { class: "num" }, ago(q.oldest_claimable_age_ms)),
     h("td", { class: "num" }, q.near_expiry_leases), h("td", { class: "num" }, q.stuck_count), h("td", { class: "num" }, q.failed_count)));
+  const looping = failing.items.map((f) => h("tr", { "data-task": f.task_id },
+    h("td", {}, taskLink(f.task_id, f.title || short(f.task_id))), h("td", {}, pipelineName(f.pipeline_id)), h("td", {}, f.stage),
+    h("td", { class: "num failures" }, f.failures), h("td", { class: "error-text" }, f.error || "lease expired"),
+    h("td", {}, `${when(f.last_failed_at_ms)} (${ago(failing.generated_at_ms - f.last_failed_at_ms)} ago)`),
+    h("td", { class: "eligible" }, f.next_eligible_at_ms > failing.generated_at_ms ? `in ${ago(f.next_eligible_at_ms - failing.generated_at_ms)}` : "now")));
   setMain(
     h("h1", {}, "Overview"),
     cards,
+    looping.length
+      ? [h("h2", { class: "error" }, `Failing in a loop: ${looping.length}`),
+          h("p", { class: "muted" }, `Tasks with ${failing.min_failures} or more failures in a row in the last hour, none completed since.`),
+          h("table", { id: "failing" },
+            h("thead", {}, h("tr", {}, ["task", "pipeline", "stage"].map((t) => h("th", {}, t)), h("th", { class: "num" }, "failures"),
+              ["last error", "last failure", "claimable again"].map((t) => h("th", {}, t)))),
+            h("tbody", {}, looping))]
+      : h("p", { class: "muted", id: "no-failing" }, "No task is failing in a loop."),
     h("h2", {}, "Queue by role and stage"),
     h("table", { id: "stages" },
       h("thead", {}, h("tr", {}, ["role", "stage", "pipeline"].map((t) => h("th", {}, t)),
@@ -278,15 +333,14 @@ function describe(ev) {
 
 const events = new Map(); // run id -> events, for the task page
 
-function timeline(task, allRuns) {
-  // Every run (GET /tasks/{id}/runs), oldest first; a run the stream reported since is added.
-  const runs = new Map();
-  for (const r of allRuns) runs.set(r.id, r);
-  if (task.latest_run && !runs.has(task.latest_run.id)) runs.set(task.latest_run.id, task.latest_run);
-  for (const id of events.keys()) if (!runs.has(id)) runs.set(id, { id, status: "" });
-  const order = [...runs.values()].sort((a, b) => (a.attempt || 0) - (b.attempt || 0));
-  if (!order.length) return h("p", { class: "muted" }, "Never claimed yet.");
-  return order.map((run) => h("div", { class: "run", "data-run": run.id },
+function timeline(task, runsPage, firstPage) {
+  // One page of the task's runs (GET /tasks/{id}/runs?order=desc), newest first; on the first
+  // page, a run the stream reported before the page was read is added on top.
+  const runs = [...runsPage.items];
+  if (firstPage && task.latest_run && !runs.some((r) => r.id === task.latest_run.id)) runs.unshift(task.latest_run);
+  runs.sort((a, b) => (b.attempt || 0) - (a.attempt || 0));
+  if (!runs.length) return h("p", { class: "muted" }, "Never claimed yet.");
+  return runs.map((run) => h("div", { class: "run", "data-run": run.id, "data-attempt": run.attempt },
     h("h3", {}, `Run ${run.attempt ?? ""} `, h("code", {}, short(run.id)), " ", h("span", { class: "pill" }, run.status || ""),
       " ", h("span", { class: "agent", title: run.agent_role ? `agent (role ${run.agent_role})` : "agent" }, run.agent_id || "?")),
     h("ul", { class: "timeline" },
@@ -295,35 +349,60 @@ function timeline(task, allRuns) {
       run.ended_at_ms ? h("li", { class: `k-${run.status}` }, `${when(run.ended_at_ms)} ${run.status}${run.error ? ": " + run.error : ""}`) : null)));
 }
 
-function verbButtons(task, after) {
+function verbButtons(task, after, finished = Boolean(task.cancelled_at_ms)) {
+  // Cancel only where it can do something: not on a task that is cancelled already or sits
+  // in a terminal stage (the caller knows the pipeline), and only once confirmed.
   const act = async (verb) => {
+    if (verb === "cancel" && !confirm(`Cancel task ${task.title ? `"${task.title}"` : short(task.id)}? No agent will claim it again until it is requeued.`)) return;
     try {
       await api("POST", `/tasks/${encodeURIComponent(task.id)}/${verb}`, {});
       await after();
     } catch (err) { showError(err); }
   };
   return h("span", { class: "verbs" },
-    h("button", { class: "secondary requeue", type: "button", "data-task": task.id, onclick: () => act("requeue") }, "Requeue"), " ",
-    h("button", { class: "danger cancel", type: "button", "data-task": task.id, onclick: () => act("cancel") }, "Cancel"));
+    h("button", { class: "secondary requeue", type: "button", "data-task": task.id, onclick: () => act("requeue") }, "Requeue"),
+    finished ? null : " ",
+    finished ? null : h("button", { class: "danger cancel", type: "button", "data-task": task.id, onclick: () => act("cancel") }, "Cancel"));
+}
+
+function eligibility(task, now) {
+  // When a task waiting on a retry delay is offered to agents again.
+  if (task.dead_letter_reason || task.cancelled_at_ms || !(task.next_eligible_at_ms > now)) return null;
+  return h("p", { id: "eligible", "data-at": task.next_eligible_at_ms },
+    `Waiting on a retry delay: claimable again at ${when(task.next_eligible_at_ms)} (in ${ago(task.next_eligible_at_ms - now)}).`);
 }
 
 async function taskPage(id) {
+  const q = new URLSearchParams(location.search);
+  const runsQuery = new URLSearchParams({ order: "desc", limit: q.get("runs_limit") || "50" });
+  if (q.get("runs_cursor")) runsQuery.set("cursor", q.get("runs_cursor"));
   const [task, ops, artifacts, runs] = await Promise.all([
     get(`/tasks/${encodeURIComponent(id)}`),
     get(`/tasks/${encodeURIComponent(id)}/events`),
     get(`/artifacts?task_id=${encodeURIComponent(id)}`),
-    get(`/tasks/${encodeURIComponent(id)}/runs?limit=1000`),
+    get(`/tasks/${encodeURIComponent(id)}/runs?${runsQuery}`),
   ]);
   const pipeline = await get(`/pipelines/${encodeURIComponent(task.pipeline_id)}`);
+  const finished = Boolean(task.cancelled_at_ms) || (pipeline.definition.states?.[task.stage] || {}).terminal === true;
+  const newer = new URLSearchParams(q);
+  newer.delete("runs_cursor");
+  const older = new URLSearchParams(q);
+  if (runs.next_cursor) older.set("runs_cursor", runs.next_cursor);
+  const here = `/ui/task/${encodeURIComponent(id)}?`;
   setMain(
     h("h1", {}, task.title, " ", h("span", { class: "pill", id: "task-stage" }, task.stage), " ", state(task)),
-    h("p", { class: "muted" }, h("code", {}, task.id), ` · pipeline ${pipeline.name} · priority ${task.priority} · version ${task.task_version} · created ${when(task.created_at_ms)}`),
+    h("p", { class: "muted" }, h("code", {}, task.id), " · pipeline ", h("span", { id: "task-pipeline" }, pipeline.name), ` · priority ${task.priority} · version ${task.task_version} · created ${when(task.created_at_ms)}`),
+    eligibility(task, Date.now()),
     h("p", {}, task.description),
-    h("p", {}, verbButtons(task, () => redraw(() => taskPage(id)))),
+    h("p", {}, verbButtons(task, () => redraw(() => taskPage(id)), finished)),
     h("h2", {}, "State machine"),
     machine(pipeline.definition, task.stage),
     h("div", { class: "grid2" },
-      h("div", {}, h("h2", {}, "Runs"), timeline(task, runs.items)),
+      h("div", {}, h("h2", {}, "Runs, newest first"),
+        timeline(task, runs, !q.get("runs_cursor")),
+        h("div", { class: "pager" },
+          q.get("runs_cursor") ? h("a", { href: here + newer, id: "newest-runs" }, "« newest runs") : null,
+          runs.next_cursor ? h("a", { href: here + older, id: "older-runs" }, "older runs »") : null)),
       h("div", {},
         h("h2", {}, "Checkpoint"), h("pre", { id: "checkpoint" }, JSON.stringify(task.checkpoint, null, 2)),
         task.dead_letter_reason ? h("p", { class: "error" }, "Dead-letter reason: " + task.dead_letter_reason) : null,
@@ -548,13 +627,27 @@ function highlighted(snippet) {
   return out;
 }
 
-async function store() {
+function storeQuery() {
   const q = new URLSearchParams(location.search);
-  const ns = q.get("namespace") || "";
-  const text = q.get("q") || "";
-  const sections = [];
-  const after = q.get("after") || "";
+  return { q, ns: q.get("namespace") || "", text: q.get("q") || "", after: q.get("after") || "" };
+}
+
+async function storeRead() {
+  const { ns, text, after } = storeQuery();
   const names = await get("/namespaces?limit=200" + (after ? "&cursor=" + encodeURIComponent(after) : ""));
+  let hits = null, entries = null;
+  if (text) {
+    const params = new URLSearchParams({ q: text, limit: "50" });
+    if (ns) params.set("namespace", ns);
+    hits = await get("/store/search?" + params);
+  }
+  if (ns) entries = await get(`/store/${encodeURIComponent(ns)}`);
+  return { names, hits, entries };
+}
+
+function storeDraw({ names, hits, entries }) {
+  const { q, ns, text } = storeQuery();
+  const sections = [];
   const more = new URLSearchParams(q);
   if (names.next_cursor) more.set("after", names.next_cursor);
   const nsLink = (name) => h("a", { href: `/ui/store?namespace=${encodeURIComponent(name)}` }, name);
@@ -566,10 +659,7 @@ async function store() {
             h("td", {}, nsLink(n.namespace)), h("td", { class: "num" }, n.keys), h("td", {}, when(n.updated_at_ms))))))
       : h("p", { class: "muted", id: "no-namespaces" }, "The store is empty."),
     names.next_cursor ? h("p", { class: "pager" }, h("a", { href: "/ui/store?" + more, id: "more-namespaces" }, "more namespaces »")) : null);
-  if (text) {
-    const params = new URLSearchParams({ q: text, limit: "50" });
-    if (ns) params.set("namespace", ns);
-    const hits = await get("/store/search?" + params);
+  if (hits) {
     sections.push(h("h2", {}, `Search: ${hits.length} found`),
       h("table", { id: "hits" },
         h("thead", {}, h("tr", {}, ["namespace", "key", "match"].map((t) => h("th", {}, t)))),
@@ -577,8 +667,7 @@ async function store() {
           h("td", {}, nsLink(hit.namespace)),
           h("td", {}, h("code", {}, hit.key)), h("td", { class: "snippet" }, highlighted(hit.snippet)))))));
   }
-  if (ns) {
-    const entries = await get(`/store/${encodeURIComponent(ns)}`);
+  if (entries) {
     sections.push(h("h2", {}, `Namespace ${ns}: ${entries.length} keys`),
       h("table", { id: "keys" },
         h("thead", {}, h("tr", {}, ["key", "value", "updated"].map((t) => h("th", {}, t)))),
@@ -620,7 +709,9 @@ async function start() {
     await redraw(failures);
     live({ kind: "dead_letter,retry_scheduled,lease_expired,cancelled" }, throttled(() => redraw(failures)));
   } else if (page === "store") {
-    await redraw(store);
+    await polled(storeRead, storeDraw).catch(showError);
+  } else {
+    setLive("off");
   }
 }
 

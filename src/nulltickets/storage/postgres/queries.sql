@@ -921,6 +921,44 @@ WHERE task_id = :task_id AND attempt > :after
 ORDER BY attempt
 LIMIT :limit;
 
+-- list_task_runs_newest --
+-- The same runs, newest attempt first, before attempt :before (the timeline's pages: a task
+-- failing in a loop may have thousands).
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
+FROM runs
+WHERE task_id = :task_id AND attempt < :before
+ORDER BY attempt DESC
+LIMIT :limit;
+
+-- failing_tasks --
+-- Tasks failing in a loop: :min_failures or more failed (or expired) attempts since :since with
+-- no completed run after them, and still to be retried (neither dead-lettered nor cancelled),
+-- most failures first. Each such failure wrote a retry_scheduled event, and event ids grow
+-- with time, so only the newest :window events are looked at, as transitions_since does.
+WITH retried AS (
+    SELECT r.task_id, count(*) AS failures, max(e.ts_ms) AS last_failed_at_ms,
+        max(r.attempt) AS last_attempt
+    FROM events AS e
+    JOIN runs AS r ON r.id = e.run_id
+    WHERE e.id > (SELECT coalesce(max(id), 0) FROM events) - :window
+        AND e.kind = 'retry_scheduled' AND e.ts_ms >= :since
+        AND NOT EXISTS (
+            SELECT 1 FROM runs AS c
+            WHERE c.task_id = r.task_id AND c.attempt > r.attempt AND c.status = 'completed'
+        )
+    GROUP BY r.task_id
+    HAVING count(*) >= :min_failures
+)
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, f.failures, l.error_text, f.last_failed_at_ms,
+    t.next_eligible_at_ms
+FROM retried AS f
+JOIN tasks AS t ON t.id = f.task_id
+LEFT JOIN runs AS l ON l.task_id = f.task_id AND l.attempt = f.last_attempt
+WHERE t.dead_letter_reason IS NULL
+ORDER BY f.failures DESC, f.last_failed_at_ms DESC, t.id
+LIMIT :limit;
+
 -- retry_waiting --
 -- Tasks waiting on a retry delay (not dead-lettered, cancelled nor leased), soonest claimable
 -- first, with the latest failed or stale run: its attempt, error and end. Only the stages that
