@@ -734,6 +734,7 @@ class Calls:
         path = _query("/ops/failures/groups", kind=kind, pipeline_id=pipeline_id, limit=limit)
         return Call("GET", path, _as(FailureGroups), repeatable=True)
 
+    @staticmethod
     def failing_report(
         *,
         min_failures: int | None = None,
