@@ -30,6 +30,8 @@ from nulltickets.config import (
     ENV_LOG_FORMAT,
     ENV_LOG_LEVEL,
     ENV_MAX_BODY,
+    ENV_MAX_STREAMS,
+    ENV_MAX_WAITERS,
     ENV_PORT,
     ENV_READ_TIMEOUT,
     ENV_TOKEN,
@@ -40,6 +42,7 @@ from nulltickets.config import (
     Settings,
     build_settings,
     parse_choice,
+    parse_count,
     parse_port,
     parse_seconds,
     parse_size,
@@ -154,6 +157,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "debug, info (default), warning, error or critical",
         metavar="LEVEL",
     )
+    opt(
+        "--max-waiters",
+        ENV_MAX_WAITERS,
+        "long-poll claims waiting at once at most; beyond, a claim answers at once with "
+        "Retry-After (default: what the process can hold, see the start-up line)",
+        metavar="N",
+    )
+    opt(
+        "--max-streams",
+        ENV_MAX_STREAMS,
+        "open event streams at most; beyond, 503 overloaded (default: what the process can hold)",
+        metavar="N",
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
@@ -182,6 +198,12 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         log_level=None
         if args.log_level is None
         else parse_choice(args.log_level, LOG_LEVELS, "--log-level"),
+        max_waiters=None
+        if args.max_waiters is None
+        else parse_count(args.max_waiters, "--max-waiters"),
+        max_streams=None
+        if args.max_streams is None
+        else parse_count(args.max_streams, "--max-streams"),
     )
 
 

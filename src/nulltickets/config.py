@@ -34,6 +34,8 @@ ENV_READ_TIMEOUT = "NULLTICKETS_READ_TIMEOUT"
 ENV_ACCESS_LOG = "NULLTICKETS_ACCESS_LOG"
 ENV_LOG_FORMAT = "NULLTICKETS_LOG_FORMAT"
 ENV_LOG_LEVEL = "NULLTICKETS_LOG_LEVEL"
+ENV_MAX_WAITERS = "NULLTICKETS_MAX_WAITERS"
+ENV_MAX_STREAMS = "NULLTICKETS_MAX_STREAMS"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
@@ -56,6 +58,8 @@ SETTINGS = (
     ("access_log", "--access-log", "access_log", ENV_ACCESS_LOG),
     ("log_format", "--log-format", "log_format", ENV_LOG_FORMAT),
     ("log_level", "--log-level", "log_level", ENV_LOG_LEVEL),
+    ("max_waiters", "--max-waiters", "max_waiters", ENV_MAX_WAITERS),
+    ("max_streams", "--max-streams", "max_streams", ENV_MAX_STREAMS),
 )
 
 
@@ -76,6 +80,11 @@ class Settings(msgspec.Struct, frozen=True):
     log_level: str = "info"
     log_format: str = "text"
     access_log: bool = False
+    # Long-poll claims in progress and open event streams at most; None: set at start from
+    # what the process can hold (launch.py, capacity.py), and no limit in a worker not
+    # started that way.
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -100,6 +109,8 @@ class Flags(msgspec.Struct, frozen=True):
     access_log: bool | None = None
     log_format: str | None = None
     log_level: str | None = None
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -120,6 +131,8 @@ class FileConfig(msgspec.Struct, frozen=True):
     access_log: bool | None = None
     log_format: str | None = None
     log_level: str | None = None
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -179,6 +192,14 @@ def parse_size(value: str, source: str) -> int:
     text = value.strip()
     if not (text.isascii() and text.isdigit()):
         raise ConfigError(f"{source} must be a whole number of bytes, got {value!r}")
+    return int(text)
+
+
+def parse_count(value: str, source: str) -> int:
+    """A whole number, 0 or more."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"{source} must be a whole number, 0 or more, got {value!r}")
     return int(text)
 
 
@@ -274,6 +295,12 @@ def read_config(path: Path) -> FileConfig | None:
     access_log = doc.get("access_log")
     if access_log is not None and not isinstance(access_log, bool):
         raise ConfigError(f"{where}: 'access_log' must be true or false, got {access_log!r}")
+    counts = {}
+    for key in ("max_waiters", "max_streams"):
+        if doc.get(key) is not None:
+            counts[key] = _config_int(doc, key, where)
+            if counts[key] < 0:
+                raise ConfigError(f"{where}: {key!r} must be 0 or more, got {counts[key]}")
     return FileConfig(
         path=where,
         db=None if db is None else resolve_db(db, path.parent),
@@ -287,6 +314,8 @@ def read_config(path: Path) -> FileConfig | None:
         access_log=access_log,
         log_format=_config_choice(doc, "log_format", LOG_FORMATS, where),
         log_level=_config_choice(doc, "log_level", LOG_LEVELS, where),
+        max_waiters=counts.get("max_waiters"),
+        max_streams=counts.get("max_streams"),
     )
 
 
@@ -423,6 +452,18 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.log_level,
             var(ENV_LOG_LEVEL, lambda v, s: parse_choice(v, LOG_LEVELS, s)),
             base.log_level,
+        ),
+        max_waiters=_decide(
+            flags.max_waiters,
+            file.max_waiters,
+            var(ENV_MAX_WAITERS, parse_count),
+            base.max_waiters,
+        ),
+        max_streams=_decide(
+            flags.max_streams,
+            file.max_streams,
+            var(ENV_MAX_STREAMS, parse_count),
+            base.max_streams,
         ),
     )
 

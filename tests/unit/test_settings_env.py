@@ -35,6 +35,8 @@ CASES: dict[str, tuple[Any, Any, str, Any]] = {
     "access_log": (True, False, "yes", True),
     "log_format": ("text", "json", "json", "json"),
     "log_level": ("debug", "warning", "error", "error"),
+    "max_waiters": (100, 200, "300", 300),
+    "max_streams": (10, 0, "30", 30),
 }
 FLAG_FIELD = {"body_timeout_s": "read_timeout_s"}
 
@@ -79,6 +81,8 @@ def test_flag_beats_file_beats_environment_beats_default(
         ("NULLTICKETS_ACCESS_LOG", "maybe"),
         ("NULLTICKETS_LOG_FORMAT", "xml"),
         ("NULLTICKETS_LOG_LEVEL", "loud"),
+        ("NULLTICKETS_MAX_WAITERS", "many"),
+        ("NULLTICKETS_MAX_STREAMS", "-1"),
     ],
 )
 def test_a_bad_variable_is_an_error_naming_it(var: str, value: str, tmp_path: Path) -> None:
@@ -136,6 +140,8 @@ def test_settings_reach_the_server_worker_through_the_environment(
         (["--log-level", "loud"], "--log-level must be one of debug"),
         (["--host", ""], "--host must not be empty"),
         (["--port", "7o7"], "--port must be a port number"),
+        (["--max-waiters", "lots"], "--max-waiters must be a whole number"),
+        (["--max-streams", "-5"], "--max-streams must be a whole number"),
     ],
 )
 def test_a_bad_flag_value_is_one_line_and_status_1(
