@@ -595,7 +595,8 @@ def measure(
 
 
 def fleet_rows(work_dir: Path, quick: bool) -> dict[str, Any]:
-    """Each engine: the same working agents with nobody waiting, then beside the crowd; on
+    """Each engine: the same working agents with nobody waiting, then beside the crowd (after a
+    short run of theirs that is not counted, so that neither side pays for a cold server); on
     PostgreSQL two servers on one database, the crowd and the agents split across them."""
     from benchmarks.harness import BenchServer
 
@@ -606,6 +607,7 @@ def fleet_rows(work_dir: Path, quick: bool) -> dict[str, Any]:
     rows = []
 
     def pair(engine: str, servers: Sequence[Any]) -> None:
+        measure(servers, 0, 0, agents, seconds / 4)  # warm-up: caches, first collections
         alone = measure(servers, 0, 0, agents, seconds)
         crowded = measure(servers, waiters, streams, agents, seconds)
         rows.append({"engine": engine, "servers": len(servers), "alone": alone, "crowd": crowded})
