@@ -215,10 +215,14 @@ def test_every_role_wakes_every_waiting_claim() -> None:
     async def scenario() -> None:
         hub = Wakeups()
         waiters = [Waiter(hub, f"a{i}", role=f"r{i % 3}") for i in range(9)]
+        trying = hub.enter("r9", "between-waits")  # of a role nobody is parked on
+        assert trying is not None
+        trying.trying()
         await settle()
         hub.deliver(EVERY_ROLE, 0)
         await settle()
         assert all(w.woken for w in waiters)
+        assert await asyncio.wait_for(trying.wait(FAR), 1) is True  # it tries again at once
         hub.close()
 
     run(scenario)

@@ -144,9 +144,9 @@ class Wakeups:
         `at_ms` (0: now)."""
         if self.closing:
             return
-        if role == EVERY_ROLE:
-            for waiting in list(self._parked):
-                self.wake_all(waiting)
+        if role == EVERY_ROLE:  # every role a claim has waited on: those trying too
+            for known in list(self._generation):
+                self.wake_all(known)
             return
         now = self._clock()
         if at_ms <= now:
