@@ -11,6 +11,9 @@ Sections (--sections picks some, comma-separated; all by default):
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
   ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks
   idle        idle long-poll agents, idle event streams and a /metrics scrape: server CPU
+  fleet       16 working agents alone, then beside 5,000 waiting long-poll claims and 500 event
+              streams: their latency, the crowd's task answered and taken, memory per waiter
+              (SQLite; and two servers on one PostgreSQL database)
   core        claim+transition cycles/s in-process, without HTTP, per core implementation
 
 --baseline REV runs the cycle section's rows for the revision REV too (a temporary git
@@ -42,7 +45,7 @@ from benchmarks.seed import measure_claims, measure_ops_queue, seed_database
 
 __all__ = ["SECTIONS", "main", "median_run", "pct", "render"]
 
-SECTIONS = ("cycle", "durability", "postgres", "backlog", "ops_queue", "idle", "core")
+SECTIONS = ("cycle", "durability", "postgres", "backlog", "ops_queue", "idle", "fleet", "core")
 
 
 def machine() -> dict[str, Any]:
@@ -254,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
                 work, calls=20 if quick else 200, done=1000 if quick else big
             )
 
+        if "fleet" in sections:
+            print("A fleet: working agents beside thousands of waiting ones", flush=True)
+            from benchmarks.fleet import fleet_rows
+
+            results["fleet"] = fleet_rows(work, quick)
+
         if "core" in sections:
             print("Core, in-process", flush=True)
             from benchmarks.core import core_cycles
@@ -464,6 +473,10 @@ def render(r: dict[str, Any]) -> str:
             f"GET /metrics p50: {mc['p50_ms']:.2f} ms with {mc['finished_tasks']} finished tasks "
             f"({mc['bytes']} bytes)"
         )
+    if "fleet" in r:
+        from benchmarks.fleet import render as render_fleet
+
+        lines += render_fleet(r["fleet"])
     if "core" in r:
         core = r["core"]
         lines.append(

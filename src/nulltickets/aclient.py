@@ -151,6 +151,7 @@ class AsyncClient:
                 delay = attempts.after_error(failure.cause, sent=isinstance(failure, _Lost))
             else:
                 if status < 400:
+                    await asyncio.sleep(attempts.pause_after(status, headers))
                     return call.decode(status, payload)
                 delay = attempts.after_answer(status, headers, payload)
             await asyncio.sleep(delay)

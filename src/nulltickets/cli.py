@@ -32,6 +32,8 @@ from nulltickets.config import (
     ENV_LOG_FORMAT,
     ENV_LOG_LEVEL,
     ENV_MAX_BODY,
+    ENV_MAX_STREAMS,
+    ENV_MAX_WAITERS,
     ENV_PORT,
     ENV_READ_TIMEOUT,
     ENV_TOKEN,
@@ -42,6 +44,7 @@ from nulltickets.config import (
     Settings,
     build_settings,
     parse_choice,
+    parse_count,
     parse_hosts,
     parse_origins,
     parse_port,
@@ -172,6 +175,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "and the loopback addresses (default: none)",
         metavar="LIST",
     )
+    opt(
+        "--max-waiters",
+        ENV_MAX_WAITERS,
+        "long-poll claims waiting at once at most; beyond, a claim answers at once with "
+        "Retry-After (default: what the process can hold, see the start-up line)",
+        metavar="N",
+    )
+    opt(
+        "--max-streams",
+        ENV_MAX_STREAMS,
+        "open event streams at most; beyond, 503 overloaded (default: what the process can hold)",
+        metavar="N",
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
@@ -206,6 +222,12 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         allowed_hosts=None
         if args.allowed_hosts is None
         else parse_hosts(args.allowed_hosts, "--allowed-hosts"),
+        max_waiters=None
+        if args.max_waiters is None
+        else parse_count(args.max_waiters, "--max-waiters"),
+        max_streams=None
+        if args.max_streams is None
+        else parse_count(args.max_streams, "--max-streams"),
     )
 
 

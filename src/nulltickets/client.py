@@ -23,6 +23,10 @@ and jitter, when that is safe:
 
 Every error answer raises `ApiError` (status, code, message); a server still unreachable when
 the retry budget is spent raises `Unreachable`, an `OSError`.
+
+A long-polling claim the server answered at once with 204 and `Retry-After` (it holds as many
+waiting claims as it is set to) returns None only after that pause, within its own wait, so an
+agent that claims again in a loop does not ask again at once.
 """
 
 from __future__ import annotations
@@ -850,6 +854,18 @@ class Attempts:
             raise error
         return self._announce(delay, str(error), status)
 
+    def pause_after(self, status: int, headers: Mapping[str, str]) -> float:
+        """A long-poll claim answered 204 before its wait was up, with `Retry-After` (the
+        server holds as many waiting claims as it is set to): how long to wait, within the
+        call's own wait, before reporting that nothing was claimed. 0 for any other answer."""
+        if status != 204 or not self.call.wait_s:
+            return 0.0
+        retry = _retry_after(headers.get("retry-after"))
+        if retry is None:
+            return 0.0
+        left = self.started + self.call.wait_s - time.monotonic()
+        return max(0.0, min(retry, left))
+
     def _repeatable(self) -> bool:
         return self.call.repeatable or self.call.keyed
 
@@ -1038,6 +1054,8 @@ class Client:
                 delay = attempts.after_error(failure.cause, sent=isinstance(failure, _Lost))
             else:
                 if status < 400:
+                    if self._aborted.wait(attempts.pause_after(status, headers)):
+                        raise ClientAborted("client aborted")
                     return call.decode(status, payload)
                 delay = attempts.after_answer(status, headers, payload)
             if self._aborted.wait(delay):

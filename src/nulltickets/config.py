@@ -37,6 +37,8 @@ ENV_LOG_FORMAT = "NULLTICKETS_LOG_FORMAT"
 ENV_LOG_LEVEL = "NULLTICKETS_LOG_LEVEL"
 ENV_ALLOWED_ORIGINS = "NULLTICKETS_ALLOWED_ORIGINS"
 ENV_ALLOWED_HOSTS = "NULLTICKETS_ALLOWED_HOSTS"
+ENV_MAX_WAITERS = "NULLTICKETS_MAX_WAITERS"
+ENV_MAX_STREAMS = "NULLTICKETS_MAX_STREAMS"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
@@ -61,6 +63,8 @@ SETTINGS = (
     ("log_level", "--log-level", "log_level", ENV_LOG_LEVEL),
     ("allowed_origins", "--allowed-origins", "allowed_origins", ENV_ALLOWED_ORIGINS),
     ("allowed_hosts", "--allowed-hosts", "allowed_hosts", ENV_ALLOWED_HOSTS),
+    ("max_waiters", "--max-waiters", "max_waiters", ENV_MAX_WAITERS),
+    ("max_streams", "--max-streams", "max_streams", ENV_MAX_STREAMS),
 )
 
 
@@ -85,6 +89,11 @@ class Settings(msgspec.Struct, frozen=True):
     allowed_origins: tuple[str, ...] = ()
     # Host names a server without a token answers to besides the loopback names.
     allowed_hosts: tuple[str, ...] = ()
+    # Long-poll claims in progress and open event streams at most; None: set at start from
+    # what the process can hold (launch.py, capacity.py), and no limit in a worker not
+    # started that way.
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -111,6 +120,8 @@ class Flags(msgspec.Struct, frozen=True):
     log_level: str | None = None
     allowed_origins: tuple[str, ...] | None = None
     allowed_hosts: tuple[str, ...] | None = None
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -133,6 +144,8 @@ class FileConfig(msgspec.Struct, frozen=True):
     log_level: str | None = None
     allowed_origins: tuple[str, ...] | None = None
     allowed_hosts: tuple[str, ...] | None = None
+    max_waiters: int | None = None
+    max_streams: int | None = None
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -192,6 +205,14 @@ def parse_size(value: str, source: str) -> int:
     text = value.strip()
     if not (text.isascii() and text.isdigit()):
         raise ConfigError(f"{source} must be a whole number of bytes, got {value!r}")
+    return int(text)
+
+
+def parse_count(value: str, source: str) -> int:
+    """A whole number, 0 or more."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ConfigError(f"{source} must be a whole number, 0 or more, got {value!r}")
     return int(text)
 
 
@@ -367,6 +388,12 @@ def read_config(path: Path) -> FileConfig | None:
     access_log = doc.get("access_log")
     if access_log is not None and not isinstance(access_log, bool):
         raise ConfigError(f"{where}: 'access_log' must be true or false, got {access_log!r}")
+    counts = {}
+    for key in ("max_waiters", "max_streams"):
+        if doc.get(key) is not None:
+            counts[key] = _config_int(doc, key, where)
+            if counts[key] < 0:
+                raise ConfigError(f"{where}: {key!r} must be 0 or more, got {counts[key]}")
     return FileConfig(
         path=where,
         db=None if db is None else resolve_db(db, path.parent),
@@ -382,6 +409,8 @@ def read_config(path: Path) -> FileConfig | None:
         log_level=_config_choice(doc, "log_level", LOG_LEVELS, where),
         allowed_origins=_config_list(doc, "allowed_origins", where, parse_origins),
         allowed_hosts=_config_list(doc, "allowed_hosts", where, parse_hosts),
+        max_waiters=counts.get("max_waiters"),
+        max_streams=counts.get("max_streams"),
     )
 
 
@@ -530,6 +559,18 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.allowed_hosts,
             var(ENV_ALLOWED_HOSTS, parse_hosts),
             base.allowed_hosts,
+        ),
+        max_waiters=_decide(
+            flags.max_waiters,
+            file.max_waiters,
+            var(ENV_MAX_WAITERS, parse_count),
+            base.max_waiters,
+        ),
+        max_streams=_decide(
+            flags.max_streams,
+            file.max_streams,
+            var(ENV_MAX_STREAMS, parse_count),
+            base.max_streams,
         ),
     )
 

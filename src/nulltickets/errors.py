@@ -247,6 +247,15 @@ class ReservedNamespace(TrackerError):
     code = "reserved_namespace"
 
 
+# --- capacity ----------------------------------------------------------------------------------
+
+
+class Overloaded(TrackerError):
+    """The server holds as many open event streams as it is set to; retry later."""
+
+    code = "overloaded"
+
+
 # --- storage -----------------------------------------------------------------------------------
 
 

@@ -8,13 +8,18 @@ import os
 import socket
 import sys
 
-from nulltickets import __version__, core, logs
+import msgspec
+
+from nulltickets import __version__, capacity, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
 
 # granian's access line without its own local-time stamp: every record carries ours.
 ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
 # Seconds granian's main process waits for its worker to stop before it kills it.
 WORKER_KILL_TIMEOUT_S = 3
+# The listening socket's queue of connections not yet accepted (the kernel caps it at
+# net.core.somaxconn): room for a fleet of agents connecting at once.
+LISTEN_BACKLOG = 4096
 
 
 def version_line() -> str:
@@ -98,9 +103,21 @@ def serve(settings: Settings) -> None:
     from nulltickets.http.app import load_app
     from nulltickets.storage.factory import display_name, engine_description
 
+    # Waiting claims and event streams hold connections, not request slots: granian may keep
+    # as many open as the process has files for, and the limits on waiting are ours.
+    room = capacity.plan(
+        capacity.raise_file_limit(),
+        capacity.available_memory(),
+        settings.max_waiters,
+        settings.max_streams,
+    )
+    settings = msgspec.structs.replace(
+        settings, max_waiters=room.max_waiters, max_streams=room.max_streams
+    )
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
-    logging.getLogger("nulltickets").info(
+    log = logging.getLogger("nulltickets")
+    log.info(
         "%s: db %s, auth %s, listening on http://%s:%s, %s",
         version_line(),
         display_name(settings.db),
@@ -109,6 +126,14 @@ def serve(settings: Settings) -> None:
         settings.port,
         engine_description(settings.db),
     )
+    log.info("%s", room.describe())
+    for name in room.capped:
+        log.warning(
+            "%s is more than this process can hold with %d open files: lowered to %d",
+            name,
+            room.files,
+            getattr(room, name),
+        )
     server = Server(
         "nulltickets.http.app:load_app",
         address=bind_address(settings.host),
@@ -118,6 +143,8 @@ def serve(settings: Settings) -> None:
         loop=Loops.auto,  # uvloop (winloop on Windows) when installed, else asyncio
         http=HTTPModes.http1,
         websockets=False,
+        backlog=LISTEN_BACKLOG,
+        backpressure=room.connections,
         http1_settings=HTTP1Settings(header_read_timeout=settings.header_timeout_ms),
         log_enabled=True,
         # Our format for granian's loggers too, here and in its worker (logs.py).

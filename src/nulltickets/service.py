@@ -173,14 +173,18 @@ class Tracker:
     def _listening(self) -> bool:
         return self._notifier is not None and self._notifier.listening
 
-    def _signal(self, b: Backend, pipeline_id: str, stage: str, at: int = 0) -> None:
+    def _signal(
+        self, b: Backend, pipeline_id: str, stage: str, at: int = 0, agent: str | None = None
+    ) -> None:
+        """One piece of work in the stage may be claimable at `at` (0: now), by `agent` only
+        when given: it wakes one waiting claim of the stage's role (http/wakeups.py)."""
         notifier = self._notifier
         if notifier is None or (at == 0 and not notifier.listening):
             return
         pipeline = self._definition(b, pipeline_id)
         state = pipeline.states.get(stage) if pipeline is not None else None
         if state is not None and state.agent_role is not None:
-            notifier.notify(b, state.agent_role, at)
+            notifier.notify(b, state.agent_role, at, agent)
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -272,7 +276,7 @@ class Tracker:
         if cmd.assigned_agent_id is not None:
             b.deactivate_assignments(task_id, now)
             b.upsert_assignment(task_id, cmd.assigned_agent_id, cmd.assigned_by, now)
-        self._signal(b, cmd.pipeline_id, pipeline.initial)
+        self._signal(b, cmd.pipeline_id, pipeline.initial, agent=cmd.assigned_agent_id)
         return task_id
 
     def create_tasks(self, b: Backend, cmds: list[CreateTask], now: int) -> list[str]:
@@ -397,7 +401,7 @@ class Tracker:
             raise TaskNotFound()
         b.deactivate_assignments(task_id, now)
         b.upsert_assignment(task_id, cmd.agent_id, cmd.assigned_by, now)
-        self._signal(b, task.pipeline_id, task.stage)
+        self._signal(b, task.pipeline_id, task.stage, agent=cmd.agent_id)
 
     def unassign(self, b: Backend, task_id: str, agent_id: str, now: int) -> None:
         if not b.unassign(task_id, agent_id, now):

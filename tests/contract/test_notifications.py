@@ -22,7 +22,7 @@ def test_a_new_task_and_a_retry_delay_reach_a_subscriber(
         heard: list[tuple[str, int]] = []
         got = asyncio.Event()
 
-        def hear(role: str, at_ms: int) -> None:
+        def hear(role: str, at_ms: int, agent: str | None) -> None:
             heard.append((role, at_ms))
             got.set()
 

@@ -1,7 +1,9 @@
 """Long-poll claims over real HTTP: `POST /leases/claim` with `wait_ms` waits for work of its
 role and claims it as soon as some may have become eligible (a task created or moved into the
 stage, a release, an expired lease, a retry delay running out, a dependency resolved, an
-assignment removed), else answers 204 when the time is up."""
+assignment removed), else answers 204 when the time is up. A new task wakes one waiting claim,
+not all of them: the one that waited longest, the agent it is assigned to, or, when the woken
+one's per-state limits keep it from the task, one without them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique
+from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique, wait_for
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +48,7 @@ def long_poll(
     agent: str,
     wait_ms: int = LONG_WAIT_MS,
     settle: bool = True,
+    **fields: Any,
 ) -> Waiting:
     """Start a long-poll claim on its own connection in a thread; its result is the response and
     the monotonic time it arrived. By default, return once the claim is surely waiting."""
@@ -53,7 +56,7 @@ def long_poll(
     def run() -> tuple[Response, float]:
         c = server.client()
         try:
-            r = claim(c, role, agent, wait_ms=wait_ms)
+            r = claim(c, role, agent, wait_ms=wait_ms, **fields)
             return r, time.monotonic()
         finally:
             c.close()
@@ -328,3 +331,91 @@ def test_a_waiter_that_disconnects_never_gets_a_lease(
     assert latest["agent_id"] == "rescuer"
     assert latest["attempt"] == 1
     assert client.post("/agents/release", {"agent_id": ghost}).json["released"] == []
+
+
+# --- one wake-up per piece of work -------------------------------------------------------------
+
+
+def wakeups(client: Client) -> float:
+    r = client.get("/metrics")
+    assert r.status == 200, r.body
+    for line in r.body.decode().splitlines():
+        if line.startswith("nulltickets_long_poll_wakeups_total "):
+            return float(line.split()[1])
+    raise AssertionError("no nulltickets_long_poll_wakeups_total in /metrics")
+
+
+def test_a_new_task_wakes_one_of_many_waiting_claims(fresh_server: Server) -> None:
+    client = fresh_server.client()
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    with ThreadPoolExecutor(max_workers=8) as many:
+        waiters = [
+            long_poll(many, fresh_server, coder, f"waiter-{n}", wait_ms=3_000, settle=False)
+            for n in range(8)
+        ]
+        wait_for("8 waiting claims", lambda: waiting_claims(client) == 8)
+        before = wakeups(client)
+        task_id = make_task(client, pipeline_id)
+        done, _ = wait_first(waiters)
+        r, _ = done.result()
+        assert r.status == 200, r.body
+        assert r.json["task"]["id"] == task_id
+        assert wakeups(client) - before == 1  # one claim woken, not eight
+        assert sum(not w.done() for w in waiters) == 7
+        results = [w.result(timeout=10)[0].status for w in waiters]
+    assert sorted(results) == [200] + [204] * 7
+    client.close()
+
+
+def waiting_claims(client: Client) -> float:
+    for line in client.get("/metrics").body.decode().splitlines():
+        if line.startswith("nulltickets_long_poll_waiters "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def wait_first(waiters: list[Waiting]) -> tuple[Waiting, list[Waiting]]:
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    done, pending = wait(waiters, timeout=PROMPT_S, return_when=FIRST_COMPLETED)
+    assert done, "no waiting claim answered"
+    return next(iter(done)), list(pending)
+
+
+@pytest.mark.parametrize("how", ["created", "assigned"])
+def test_a_task_for_an_agent_wakes_that_agent_not_the_claim_that_waited_longest(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor, how: str
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    # Made before anyone waits: its own wake-up must not reorder the waiting claims.
+    task_id = make_task(client, pipeline_id, assigned_agent_id="carol") if how == "assigned" else ""
+    alice = long_poll(pool, shared_server, coder, "alice", wait_ms=4_000)
+    bob = unique("bob")
+    waiting = long_poll(pool, shared_server, coder, bob)
+
+    def give_bob() -> None:
+        if how == "created":
+            make_task(client, pipeline_id, assigned_agent_id=bob)
+        else:
+            r = client.post(f"/tasks/{task_id}/assignments", {"agent_id": bob})
+            assert r.status == 201, r.body
+
+    lease = woken_by(waiting, give_bob)
+    assert lease["run"]["agent_id"] == bob
+    assert not alice.done(), "the claim that waited longest was answered too"
+    assert alice.result(timeout=10)[0].status == 204
+
+
+def test_a_claim_held_back_by_its_per_state_limit_hands_the_task_to_one_without(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    pipeline_id, coder, _ = pipeline_with_roles(client)
+    make_task(client, pipeline_id)
+    claimed(client, coder, "holder")  # todo now has one task leased
+    limited = long_poll(
+        pool, shared_server, coder, "limited", wait_ms=4_000, concurrency={"per_state": {"todo": 1}}
+    )
+    plain = long_poll(pool, shared_server, coder, "plain")
+    lease = woken_by(plain, lambda: make_task(client, pipeline_id))
+    assert lease["run"]["agent_id"] == "plain"
+    assert limited.result(timeout=10)[0].status == 204

@@ -68,6 +68,9 @@ def test_metrics_parse_and_carry_build_info_and_the_process_figures(client: Clie
         "nulltickets_live_leases",
         "nulltickets_long_poll_waiters",
         "nulltickets_sse_clients",
+        "nulltickets_waiting_limit",
+        "nulltickets_admissions",
+        "nulltickets_long_poll_wakeups",
         "nulltickets_http_request_duration_seconds",
         "nulltickets_claim_wait_seconds",
         "nulltickets_commit_duration_seconds",
@@ -88,6 +91,9 @@ def test_metrics_parse_and_carry_build_info_and_the_process_figures(client: Clie
     for family in text_string_to_metric_families(client.get("/metrics").body.decode()):
         if family.name in ("nulltickets_commit_duration_seconds", "nulltickets_claim_wait_seconds"):
             assert family.type == "histogram"
+    # The server's own limits on waiting, set at start from what it can hold.
+    for kind in ("long_poll", "event_stream"):
+        assert value(families, "nulltickets_waiting_limit", kind=kind) > 0
 
 
 def test_counters_move_as_the_api_is_used(fresh_client: Client) -> None:

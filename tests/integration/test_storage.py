@@ -323,7 +323,7 @@ def test_transitions_signal_wake_ups_only_while_a_long_poll_listens(db: Database
     them, and the dependents lookup they need, when none is."""
     tracker = Tracker(db.notifier)
     heard: list[tuple[str, int]] = []
-    db.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    db.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
     seed(db, tracker, 2)
     heard.clear()
 

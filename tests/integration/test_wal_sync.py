@@ -201,7 +201,7 @@ def test_long_polls_and_event_streams_hear_of_a_write_only_once_it_is_synced(
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        db.notifier.subscribe(lambda role, at_ms: heard.append(f"wake {role}"), loop)
+        db.notifier.subscribe(lambda role, at_ms, _agent: heard.append(f"wake {role}"), loop)
         db.notifier.on_commit(lambda: heard.append("commit"), loop)
         write = asyncio.ensure_future(db.write(notifying("first", db)))
         await until(lambda: gate.started == 1)  # committed, its sync held
@@ -217,7 +217,7 @@ def test_long_polls_and_event_streams_hear_of_a_write_only_once_it_is_synced(
 
     # From a thread without the loop (run_sync): told on that thread, after its own sync.
     told: list[str] = []
-    db.notifier.subscribe(lambda role, at_ms: told.append(role), None)
+    db.notifier.subscribe(lambda role, at_ms, _agent: told.append(role), None)
     writer = threading.Thread(target=db.write_sync, args=(notifying("second", db),))
     writer.start()
     wait_for("the second commit", lambda: gate.started == 2 and "second" in stored(db), 30)
@@ -236,7 +236,7 @@ def test_a_write_whose_sync_fails_wakes_no_one(tmp_path: Path, gate: GateVFS) ->
 
     async def scenario() -> list[object]:
         loop = asyncio.get_running_loop()
-        db.notifier.subscribe(lambda role, at_ms: heard.append(role), loop)
+        db.notifier.subscribe(lambda role, at_ms, _agent: heard.append(role), loop)
         db.notifier.on_commit(lambda: heard.append("commit"), loop)
         answers = await asyncio.gather(
             *(db.write(notifying(f"x{i}", db)) for i in range(3)), return_exceptions=True

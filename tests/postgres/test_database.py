@@ -170,7 +170,7 @@ def test_a_commit_on_one_database_wakes_the_subscribers_of_another(
 ) -> None:
     writer, listener = open_db(), open_db()
     heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
     wait_for("the LISTEN connection", listener.notifier.connected.is_set)
     role = unique("coder")
     tracker = Tracker(writer.notifier, shared=True)
@@ -183,7 +183,7 @@ def test_a_rolled_back_unit_of_work_notifies_nobody(
 ) -> None:
     writer, listener = open_db(), open_db()
     heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
     wait_for("the LISTEN connection", listener.notifier.connected.is_set)
     gone, kept = unique("gone"), unique("kept")
 
@@ -198,12 +198,38 @@ def test_a_rolled_back_unit_of_work_notifies_nobody(
     assert (gone, 0) not in heard
 
 
+def test_a_unit_of_work_wakes_once_per_notification_and_names_the_agent(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    writer, listener = open_db(), open_db()
+    heard: list[tuple[str, int, str | None]] = []
+    listener.notifier.subscribe(lambda role, at, agent: heard.append((role, at, agent)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    role, done = unique("coder\tx;y"), unique("done")
+    agent = 'bob;\t"\n\u00e9'  # whatever an agent id holds travels as it is
+
+    def notifies(b: PostgresBackend) -> None:
+        for _ in range(3):
+            writer.notifier.notify(b, role, 0)
+        writer.notifier.notify(b, role, 0, agent)
+        writer.notifier.notify(b, role, 0, agent)
+        writer.notifier.notify(b, role, 7)
+
+    writer.write_sync(notifies)
+    writer.write_sync(lambda b: writer.notifier.notify(b, done, 0))  # sent after the first
+    wait_for("the last notification", lambda: (done, 0, None) in heard)
+    mine = [h for h in heard if h[0] == role]
+    assert sorted(mine, key=str) == sorted(
+        [(role, 0, None)] * 3 + [(role, 0, agent)] * 2 + [(role, 7, None)], key=str
+    )
+
+
 def test_the_listener_reconnects_and_wakes_every_role_once(
     open_db: Callable[..., PostgresDatabase], postgres: PostgresServer
 ) -> None:
     db = open_db()
     heard: list[tuple[str, int]] = []
-    db.notifier.subscribe(lambda role, at: heard.append((role, at)))
+    db.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
     wait_for("the LISTEN connection", db.notifier.connected.is_set)
     with postgres.admin() as admin:  # what a restart does to the listening connection
         admin.execute(

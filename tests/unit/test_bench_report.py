@@ -326,3 +326,50 @@ def test_the_disks_own_sync_is_timed_one_and_two_at_a_time_and_rendered(tmp_path
         "disk_sync": floor,
     }
     assert line in render(results).splitlines()
+
+
+def fleet_side(p50: float, p99: float, cycles: int, **crowd: Any) -> dict[str, Any]:
+    return {
+        "agents": {"p50_ms": p50, "p99_ms": p99, "cycles": cycles},
+        "created_answered_ms": crowd.get("answered"),
+        "taken_ms": crowd.get("taken"),
+        "wakeups": crowd.get("wakeups", 0),
+        "kib_per_waiter": crowd.get("waiter"),
+        "kib_per_stream": crowd.get("stream"),
+    }
+
+
+def test_the_fleet_rows_put_the_agents_alone_and_beside_the_crowd_side_by_side() -> None:
+    fleet = {
+        "waiters": 5000,
+        "streams": 500,
+        "agents": 16,
+        "rows": [
+            {
+                "engine": "sqlite",
+                "servers": 1,
+                "alone": fleet_side(5.0, 40.0, 900),
+                "crowd": fleet_side(
+                    6.0, 60.0, 850, answered=12.5, taken=20.1, wakeups=1, waiter=18.2, stream=23.0
+                ),
+            }
+        ],
+        "postgres_not_measured": "pg_ctl not found",
+    }
+    lines = render({"machine": MACHINE, "fleet": fleet}).splitlines()
+    assert any(
+        "beside 5,000 waiting long-poll claims and 500 open event streams" in li for li in lines
+    )
+    [sqlite] = [li for li in lines if li.startswith("| sqlite")]
+    assert sqlite.split(" | ")[1:10] == [
+        "1",
+        "5.00 / 40.00",
+        "6.00 / 60.00",
+        "1.50",
+        "900 / 850",
+        "12.5",
+        "20.1",
+        "1",
+        "18.2",
+    ]
+    assert "PostgreSQL not measured: pg_ctl not found" in lines

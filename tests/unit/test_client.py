@@ -178,6 +178,17 @@ def test_a_busy_answer_waits_its_retry_after_then_gives_up_past_the_budget() -> 
     assert caught.value.code == "storage_busy" and caught.value.retry_after == 60.0
 
 
+def test_a_long_poll_refused_its_wait_pauses_for_its_retry_after_within_its_wait() -> None:
+    long_poll, _ = _attempts(Calls.claim("a", "coder", wait_ms=30_000), Retry())
+    assert 4.9 <= long_poll.pause_after(204, {"retry-after": "5"}) <= 5.0
+    assert long_poll.pause_after(204, {}) == 0.0  # its wait simply ran out
+    assert long_poll.pause_after(200, {"retry-after": "5"}) == 0.0
+    short, _ = _attempts(Calls.claim("a", "coder", wait_ms=1_000), Retry())
+    assert short.pause_after(204, {"retry-after": "5"}) <= 1.0  # never past its own wait
+    immediate, _ = _attempts(Calls.claim("a", "coder"), Retry())
+    assert immediate.pause_after(204, {"retry-after": "5"}) == 0.0
+
+
 def test_an_error_answer_other_than_busy_is_raised_at_once() -> None:
     attempts, seen = _attempts(Calls.get_task("t"), Retry())
     body = b'{"error": {"code": "task_cancelled", "message": "cancelled"}}'

@@ -47,6 +47,8 @@ CASES: dict[str, tuple[Any, Any, str, Any]] = {
         "Env.example.,::1",
         ("env.example", "[::1]"),
     ),
+    "max_waiters": (100, 200, "300", 300),
+    "max_streams": (10, 0, "30", 30),
 }
 FLAG_FIELD = {"body_timeout_s": "read_timeout_s"}
 # What a file value (a JSON list) becomes.
@@ -104,6 +106,8 @@ def test_flag_beats_file_beats_environment_beats_default(
         ("NULLTICKETS_ALLOWED_HOSTS", "evil.example:8080"),
         ("NULLTICKETS_ALLOWED_HOSTS", "http://evil.example"),
         ("NULLTICKETS_ALLOWED_HOSTS", "*"),
+        ("NULLTICKETS_MAX_WAITERS", "many"),
+        ("NULLTICKETS_MAX_STREAMS", "-1"),
     ],
 )
 def test_a_bad_variable_is_an_error_naming_it(var: str, value: str, tmp_path: Path) -> None:
@@ -178,6 +182,8 @@ def test_settings_reach_the_server_worker_through_the_environment(
         (["--port", "7o7"], "--port must be a port number"),
         (["--allowed-origins", "evil.example"], "--allowed-origins must list origins"),
         (["--allowed-hosts", "a b"], "--allowed-hosts must list host names"),
+        (["--max-waiters", "lots"], "--max-waiters must be a whole number"),
+        (["--max-streams", "-5"], "--max-streams must be a whole number"),
     ],
 )
 def test_a_bad_flag_value_is_one_line_and_status_1(

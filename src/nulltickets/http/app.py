@@ -66,6 +66,10 @@ class App:
         db = open_database(self.settings.db, durability=self.settings.durability)
         self.ctx = ctx = Context(Service(db), self.settings.token)
         ctx.hub = StreamHub(ctx.service)
+        # What waits costs memory and a connection, not a request slot: the limits launch.py
+        # set from what this process can hold.
+        ctx.wakeups.limit = self.settings.max_waiters
+        ctx.hub.limit = self.settings.max_streams
         # Long-polling claims wake on the database's notifications (this process's commits on
         # SQLite; every server's on PostgreSQL), delivered on this loop.
         db.notifier.subscribe(ctx.wakeups.deliver, loop)

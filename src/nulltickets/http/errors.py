@@ -46,6 +46,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.TaskFinished: 409,
     e.LeaseExpired: 410,
     e.PayloadTooLarge: 413,
+    e.Overloaded: 503,
     e.StorageBusy: 503,
     e.StorageReadOnly: 503,
     e.StorageUnavailable: 503,
@@ -53,7 +54,8 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.TrackerError: 500,
 }
 
-# Headers that go with a status (a busy database asks the client to come back shortly).
+# Headers that go with a status (a busy database or a full server asks the client to come back
+# shortly).
 EXTRA_HEADERS: dict[int, list[tuple[str, str]]] = {
     # The unread rest of the request cannot be told apart from the next one: close.
     408: [("connection", "close")],

@@ -9,6 +9,7 @@ that turns what a write did (`Kind`) into a status.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from nulltickets.errors import (
     Unauthorized,
 )
 from nulltickets.http.request import Request
+from nulltickets.http.response import WebReply
 from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Idem, Kind, Outcome, Recorded, Service
 
@@ -139,6 +141,9 @@ class Context:
 Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)
 
 NO_CONTENT = Reply(204, b"")
+# A long-poll the server has no room for answers at once; its 204 asks the client to come back
+# after this many seconds at most (its own wait, if shorter).
+WAIT_REFUSED_RETRY_S = 5
 
 
 def answer(outcome: Outcome[Any]) -> Reply:
@@ -357,21 +362,38 @@ async def claim(ctx: Context, req: Request) -> Reply:
     return reply
 
 
+def _kind(command: cmd.Claim) -> bytes:
+    """What sets a claim's choice apart from another of its role: its per-state limits."""
+    limits = command.concurrency.per_state if command.concurrency is not None else None
+    return bytes(limits) if isinstance(limits, msgspec.Raw) else b""
+
+
 async def _long_poll(ctx: Context, req: Request, command: cmd.Claim, deadline: float) -> Reply:
-    """Try, and while nothing is claimable wait for a wake-up of the role until `deadline`."""
+    """Try, and while nothing is claimable wait for a wake-up of the role until `deadline`.
+    Beyond the server's limit of long-polls, try once and answer at once: a 204 then carries
+    Retry-After, when to ask again."""
     service = ctx.service
     loop = asyncio.get_running_loop()
-    role = command.agent_role
-    with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
-        while True:
-            generation = ctx.wakeups.generation(role)
-            reply = respond(await service.claim(command, idem(req)))
-            remaining = deadline - loop.time()
-            if reply.status != 204 or remaining <= 0 or ctx.wakeups.closing:
-                return reply
-            connected = await ctx.wakeups.wait(role, generation, remaining, req.disconnected())
-            if not connected:  # nobody would receive a lease claimed now
-                return reply
+    poll = ctx.wakeups.enter(command.agent_role, command.agent_id, _kind(command))
+    if poll is None:
+        reply = respond(await service.claim(command, idem(req)))
+        if reply.status != 204:
+            return reply
+        retry_s = max(1, min(WAIT_REFUSED_RETRY_S, math.ceil(deadline - loop.time())))
+        return WebReply(204, b"", (("retry-after", str(retry_s)),))
+    try:
+        with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
+            while True:
+                poll.trying()
+                reply = respond(await service.claim(command, idem(req)))
+                poll.tried(took=reply.status != 204)
+                remaining = deadline - loop.time()
+                if reply.status != 204 or remaining <= 0 or ctx.wakeups.closing:
+                    return reply
+                if not await poll.wait(remaining, req.disconnected()):
+                    return reply  # nobody would receive a lease claimed now
+    finally:
+        poll.leave()
 
 
 def _lease_hash(req: Request) -> bytes:

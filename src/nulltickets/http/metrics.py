@@ -4,10 +4,11 @@ The request path only increments integers: one dict entry per (method, route, st
 histogram per route, its bucket found by bisect; a claim also counts its outcome and, for a
 long poll, how long it waited (on the loop's thread: no lock). The storage backend times its
 commits and checkpoints the same way (Database.stats). Everything else is read when Prometheus
-scrapes: the queue per role and stage from the database, leases, waiters and streams from the
-process, the garbage collector's pauses (heap.py), the run events since the previous scrape by
-kind (counters of transitions, retries, dead letters, expiries, releases, checkpoints), the
-writer's batch counts and the WAL's size.
+scrapes: the queue per role and stage from the database, leases, waiters and streams (with
+their limits, and how many were admitted and refused) from the process, the garbage
+collector's pauses (heap.py), the run events since the previous scrape by kind (counters of
+transitions, retries, dead letters, expiries, releases, checkpoints), the writer's batch counts
+and the WAL's size.
 On PostgreSQL the per-process figures are this process's and the queue figures the database's.
 """
 
@@ -94,6 +95,10 @@ class Metrics:
 
     def _requests_with(self, method: str, route: str, status: int) -> int:
         return self.requests.get((method, route, status), 0)
+
+
+def _limit(limit: int | None) -> int:
+    return -1 if limit is None else limit
 
 
 def _label(value: str) -> str:
@@ -288,11 +293,43 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
         out.sample(age, value, _labels(role=role, pipeline_id=pipeline_id, stage=stage))
 
     out.one("nulltickets_live_leases", "gauge", "Leases not yet expired.", leases)
+    wakeups, hub = ctx.wakeups, ctx.hub
     out.one(
-        "nulltickets_long_poll_waiters", "gauge", "Claims waiting for work.", ctx.wakeups.waiting()
+        "nulltickets_long_poll_waiters",
+        "gauge",
+        "Long-poll claims in progress (waiting for work, or trying between waits).",
+        wakeups.waiting(),
     )
-    hub = ctx.hub
     out.one("nulltickets_sse_clients", "gauge", "Open event streams.", hub.clients if hub else 0)
+    name = "nulltickets_waiting_limit"
+    out.family(
+        name,
+        "gauge",
+        "Long-poll claims and open event streams the server admits at once (max_waiters, "
+        "max_streams; -1: no limit).",
+    )
+    out.sample(name, _limit(wakeups.limit), _labels(kind="long_poll"))
+    out.sample(name, _limit(hub.limit if hub else None), _labels(kind="event_stream"))
+    name = "nulltickets_admissions_total"
+    out.family(
+        name,
+        "counter",
+        "Long-poll claims and event streams admitted, or refused at the limit (a refused "
+        "claim tried once and answered at once, with Retry-After; a refused stream got 503).",
+    )
+    for kind, admitted, refused in (
+        ("long_poll", wakeups.admitted, wakeups.refused),
+        ("event_stream", hub.admitted if hub else 0, hub.refused if hub else 0),
+    ):
+        out.sample(name, admitted, _labels(kind=kind, result="admitted"))
+        out.sample(name, refused, _labels(kind=kind, result="refused"))
+    out.one(
+        "nulltickets_long_poll_wakeups_total",
+        "counter",
+        "Waiting claims woken by a notification: one per piece of new work (a created task, "
+        "a freed slot), not one per waiter.",
+        wakeups.woken,
+    )
 
     collector = ctx.collector
     if collector is not None:

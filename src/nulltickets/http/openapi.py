@@ -123,7 +123,17 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         success["content"] = {route.media: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(route.status): success}
     if route.pattern == "/leases/claim":
-        responses["204"] = {"description": "Nothing is claimable for this role."}
+        responses["204"] = {
+            "description": "Nothing is claimable for this role. With wait_ms, a 204 that "
+            "carries Retry-After came at once: the server holds as many waiting claims as it "
+            "is set to; ask again after that many seconds.",
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds to wait before claiming again.",
+                    "schema": {"type": "integer"},
+                }
+            },
+        }
     codes: dict[int, list[str]] = {}
     for exc in route.errors:
         codes.setdefault(status_of(exc()), []).append(exc.code)

@@ -666,7 +666,7 @@ ROUTES: tuple[Route, ...] = (
         "comment line every 15 s keeps idle streams open.",
         response=model.FeedEvent,
         media="text/event-stream",
-        errors=(e.InvalidCursor,),
+        errors=(e.InvalidCursor, e.Overloaded),
         query=(
             Query("task_id", "Only events of this task's runs."),
             Query("run_id", "Only events of this run."),

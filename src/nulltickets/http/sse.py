@@ -3,7 +3,9 @@
 A connected stream costs a future and a heartbeat timer, nothing else: no stream reads the
 database while nothing happens. After a commit the server calls `StreamHub.wake()` (the moment
 the long-polling claims are woken); the hub then reads the new events once, for every stream,
-and hands each stream the ones its filters let through. A stream that resumes (the
+and hands each stream the ones its filters let through. Beyond `StreamHub.limit` open streams
+(the server sets it from what the process can hold: capacity.py) a new one is refused at once
+with 503 `overloaded`. A stream that resumes (the
 `Last-Event-ID` header, or the `last_event_id` query parameter a browser's first request can
 carry) first replays what it missed from the database, then joins the live feed exactly where
 that replay ends.
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from nulltickets.domain.model import FeedEvent
-from nulltickets.errors import InvalidCursor
+from nulltickets.errors import InvalidCursor, Overloaded
 from nulltickets.http.request import Request
 from nulltickets.http.response import EVENT_STREAM, STREAMED, WebReply
 from nulltickets.service import Recorded as Reply
@@ -48,6 +50,17 @@ class Filters(msgspec.Struct, frozen=True):
     run_id: str | None = None
     pipeline_id: str | None = None
     kinds: frozenset[str] | None = None
+
+    def key(self) -> tuple[str, str | None]:
+        """Where a stream is filed: under the most selective of its filters, so that an event
+        is checked against the streams that may want it, not against every stream."""
+        if self.task_id is not None:
+            return "task", self.task_id
+        if self.run_id is not None:
+            return "run", self.run_id
+        if self.pipeline_id is not None:
+            return "pipeline", self.pipeline_id
+        return "all", None
 
     def admit(self, ev: FeedEvent) -> bool:
         return (
@@ -82,11 +95,16 @@ class StreamHub:
     def __init__(self, service: Service) -> None:
         self._service = service
         self._clients: set[_Client] = set()
+        self._filed: dict[tuple[str, str | None], set[_Client]] = {}  # by Filters.key()
         self._last_id: int | None = None  # the newest event the live feed has handed out
         self._fetching = False
         self._again = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closing = False
+        self.limit: int | None = None  # open streams at most (None: no limit)
+        self._joining = 0
+        self.admitted = 0  # counters for /metrics
+        self.refused = 0
 
     @property
     def clients(self) -> int:
@@ -131,10 +149,17 @@ class StreamHub:
                 after = self._last_id
                 assert after is not None
                 rows = await self._service.events_feed(after, PAGE)
+                filed = self._filed
                 for ev in rows:
-                    for client in self._clients:
-                        if client.filters.admit(ev):
-                            client.push(ev)
+                    for key in (
+                        ("all", None),
+                        ("pipeline", ev.pipeline_id),
+                        ("task", ev.task_id),
+                        ("run", ev.run_id),
+                    ):
+                        for client in filed.get(key, ()):
+                            if client.filters.admit(ev):
+                                client.push(ev)
                 if rows:
                     self._last_id = rows[-1].id
                 if len(rows) < PAGE and not self._again:
@@ -145,19 +170,38 @@ class StreamHub:
             self._fetching = False
 
     async def join(self, filters: Filters) -> tuple[_Client, int]:
-        """Register a stream; returns it and the id the live feed hands out events after."""
+        """Register a stream; returns it and the id the live feed hands out events after.
+        Raises Overloaded when `limit` streams are open (or opening)."""
+        if self.limit is not None and len(self._clients) + self._joining >= self.limit:
+            self.refused += 1
+            raise Overloaded(
+                f"the server holds {self.limit} open event streams, as many as it is set to "
+                "(max_streams); retry later"
+            )
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        if self._last_id is None:
-            last = await self._service.last_event_id()
+        self._joining += 1
+        try:
             if self._last_id is None:
-                self._last_id = last
+                last = await self._service.last_event_id()
+                if self._last_id is None:
+                    self._last_id = last
+        finally:
+            self._joining -= 1
         client = _Client(filters)
         self._clients.add(client)
+        self._filed.setdefault(filters.key(), set()).add(client)
+        self.admitted += 1
         return client, self._last_id
 
     def leave(self, client: _Client) -> None:
-        self._clients.discard(client)
+        if client in self._clients:
+            self._clients.discard(client)
+            key = client.filters.key()
+            filed = self._filed[key]
+            filed.discard(client)
+            if not filed:
+                del self._filed[key]
 
     def close(self) -> None:
         """The server is stopping: every stream ends now."""

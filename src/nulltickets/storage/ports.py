@@ -25,9 +25,10 @@ from nulltickets.storage.backend import Backend
 
 T = TypeVar("T")
 
-# A wake-up: (agent role, at_ms). at_ms 0 means "now"; later means "when the clock reaches it"
-# (a retry delay running out).
-Wake = Callable[[str, int], None]
+# A wake-up: (agent role, at_ms, agent id). at_ms 0 means "now"; later means "when the clock
+# reaches it" (a retry delay running out). The agent id is None, or the one agent the work is
+# assigned to. Each wake-up stands for one piece of work: two tasks made claimable are two.
+Wake = Callable[[str, int, str | None], None]
 # The role of a wake-up for every role at once: a notifier that may have missed notifications
 # (PostgreSQL's listening connection, after it reconnected) sends it, and every long-poll looks
 # at the committed state again.
@@ -89,13 +90,15 @@ class Notifier(Protocol):
         sent."""
         ...
 
-    def notify(self, b: Backend, role: str, at_ms: int) -> None:
-        """Inside the unit of work `b`: `role` may have claimable work at `at_ms` (0: now)."""
+    def notify(self, b: Backend, role: str, at_ms: int, agent: str | None = None) -> None:
+        """Inside the unit of work `b`: `role` may have one more piece of claimable work at
+        `at_ms` (0: now); for `agent` only, when given (assigned to it)."""
         ...
 
     def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Call `callback(role, at_ms)` for every committed notification, on `loop` (default:
-        the running loop; with none, on the thread that committed)."""
+        """Call `callback(role, at_ms, agent)` for every committed notification, once per
+        `notify` (several of a unit of work are not merged), on `loop` (default: the running
+        loop; with none, on the thread that committed)."""
         ...
 
     def waiting(self) -> AbstractContextManager[None]:

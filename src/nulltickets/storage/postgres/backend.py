@@ -10,6 +10,8 @@ so with LostRace, on which the database runs the whole unit of work again.
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, LiteralString
 
@@ -61,7 +63,7 @@ class PostgresBackend(Backend):
         # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
         self.writing = writing
         # Wake-ups of this unit of work, sent in one pg_notify just before its COMMIT.
-        self.notifications: list[tuple[str, int]] = []
+        self.notifications: list[tuple[str, int, str | None]] = []
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
@@ -91,16 +93,26 @@ class PostgresBackend(Backend):
 
     # --- notifications -------------------------------------------------------------------------
 
-    def notify(self, role: str, at_ms: int) -> None:
-        self.notifications.append((role, at_ms))
+    def notify(self, role: str, at_ms: int, agent: str | None = None) -> None:
+        self.notifications.append((role, at_ms, agent))
 
     def send_notifications(self) -> None:
         """One pg_notify with every wake-up of the unit of work (PostgreSQL delivers it at
-        COMMIT, and not at all after a rollback)."""
+        COMMIT, and not at all after a rollback). A line per (role, at_ms, agent), saying how
+        many wake-ups it stands for: `role<TAB>at_ms`, or `role<TAB>at_ms;count[;"agent"]`
+        (the agent as a JSON string); notifier.parse_payload reads them."""
         if not self.notifications:
             return
-        lines = dict.fromkeys(f"{role}\t{at}" for role, at in self.notifications)
+        counted = Counter(self.notifications)
         self.notifications.clear()
+        lines = []
+        for (role, at, agent), count in counted.items():
+            if agent is not None:
+                lines.append(f"{role}\t{at};{count};{json.dumps(agent)}")
+            elif count > 1:
+                lines.append(f"{role}\t{at};{count}")
+            else:
+                lines.append(f"{role}\t{at}")
         payload = "\n".join(lines)
         # A NOTIFY payload must stay under 8000 bytes: longer lists go as several.
         chunks: list[str] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -29,21 +30,31 @@ from nulltickets.storage.postgres.backend import PostgresBackend, Q
 
 log = logging.getLogger("nulltickets.storage")
 
+MAX_COUNT = 100_000  # wake-ups one line may stand for (more than any unit of work makes)
 POLL_S = 0.25  # how often the listening thread looks up from its wait (to stop promptly)
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
 
 
-def parse_payload(payload: str) -> list[tuple[str, int]]:
-    """The (role, at_ms) lines of one notification; anything malformed is left out."""
-    found = []
+def parse_payload(payload: str) -> list[tuple[str, int, str | None]]:
+    """The wake-ups of one notification, (role, at_ms, agent) once for each it stands for
+    (PostgresBackend.send_notifications writes them); anything malformed is left out."""
+    found: list[tuple[str, int, str | None]] = []
     for line in payload.split("\n"):
-        role, sep, at = line.rpartition("\t")
-        if sep and role:
-            try:
-                found.append((role, int(at)))
-            except ValueError:
-                continue
+        role, sep, rest = line.rpartition("\t")
+        if not sep or not role:
+            continue
+        at, _, more = rest.partition(";")
+        count_text, _, agent_text = more.partition(";")
+        try:
+            at_ms = int(at)
+            count = int(count_text) if count_text else 1
+            agent = json.loads(agent_text) if agent_text else None
+        except ValueError:
+            continue
+        if count < 1 or not (agent is None or isinstance(agent, str)):
+            continue
+        found.extend([(role, at_ms, agent)] * min(count, MAX_COUNT))
     return found
 
 
@@ -69,10 +80,10 @@ class PostgresNotifier:
         # Other servers' long-polls may be waiting: this process cannot know that nobody is.
         return True
 
-    def notify(self, b: Backend, role: str, at_ms: int) -> None:
+    def notify(self, b: Backend, role: str, at_ms: int, agent: str | None = None) -> None:
         if not isinstance(b, PostgresBackend):
             raise TypeError("a PostgreSQL notification needs a PostgreSQL unit of work")
-        b.notify(role, at_ms)
+        b.notify(role, at_ms, agent)
 
     def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if loop is None:
@@ -142,7 +153,7 @@ class PostgresNotifier:
                     if not first:
                         self.reconnects += 1
                         log.info("listening for notifications again: waking every long-poll")
-                        self._deliver([(EVERY_ROLE, 0)])
+                        self._deliver([(EVERY_ROLE, 0, None)])
                     first = False
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=POLL_S):
@@ -156,15 +167,15 @@ class PostgresNotifier:
                 delay = min(delay * 2, RECONNECT_MAX_S)
         self.connected.clear()
 
-    def _deliver(self, wakes: list[tuple[str, int]]) -> None:
+    def _deliver(self, wakes: list[tuple[str, int, str | None]]) -> None:
         if not wakes:
             return
         self.committed()  # another server's commit: event streams read what it added
         for callback, loop in list(self._subscribers):
             if loop is None:
-                for role, at_ms in wakes:
-                    callback(role, at_ms)
+                for role, at_ms, agent in wakes:
+                    callback(role, at_ms, agent)
             elif not loop.is_closed():
-                for role, at_ms in wakes:
+                for role, at_ms, agent in wakes:
                     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                        loop.call_soon_threadsafe(callback, role, at_ms)
+                        loop.call_soon_threadsafe(callback, role, at_ms, agent)

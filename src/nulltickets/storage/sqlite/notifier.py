@@ -26,7 +26,7 @@ OnCommit = tuple[Callable[[], None], asyncio.AbstractEventLoop | None, Callable[
 
 class LocalNotifier:
     def __init__(self) -> None:
-        self._pending: list[tuple[str, int]] = []
+        self._pending: list[tuple[str, int, str | None]] = []
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
         self._waiting = 0  # long-poll claims in progress
         self._on_commit: list[OnCommit] = []
@@ -35,10 +35,10 @@ class LocalNotifier:
     def listening(self) -> bool:
         return self._waiting > 0 and bool(self._subscribers)
 
-    def notify(self, b: Backend, role: str, at_ms: int) -> None:
+    def notify(self, b: Backend, role: str, at_ms: int, agent: str | None = None) -> None:
         if not self._subscribers or (at_ms == 0 and not self._waiting):
             return
-        self._pending.append((role, at_ms))
+        self._pending.append((role, at_ms, agent))
 
     def subscribe(self, callback: Wake, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._subscribers.append((callback, _loop_or_running(loop)))
@@ -73,7 +73,7 @@ class LocalNotifier:
 
 
 def _hand_over(
-    pending: list[tuple[str, int]],
+    pending: list[tuple[str, int, str | None]],
     hooks: list[tuple[Callable[[], None], asyncio.AbstractEventLoop | None]],
     subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]],
 ) -> None:
@@ -92,11 +92,11 @@ def _hand_over(
         return
     for callback, loop in subscribers:
         if loop is None or loop is here:
-            for role, at_ms in pending:
-                callback(role, at_ms)
+            for role, at_ms, agent in pending:
+                callback(role, at_ms, agent)
         elif not loop.is_closed():
-            for role, at_ms in pending:
-                loop.call_soon_threadsafe(callback, role, at_ms)
+            for role, at_ms, agent in pending:
+                loop.call_soon_threadsafe(callback, role, at_ms, agent)
 
 
 def _loop_or_running(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop | None:

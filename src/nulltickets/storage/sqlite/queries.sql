@@ -81,8 +81,9 @@ RETURNING checkpoint_json;
 SELECT l.run_id FROM leases AS l WHERE l.agent_id = :agent_id ORDER BY l.expires_at_ms;
 
 -- dependent_stages --
--- (pipeline, stage) of the tasks waiting on this one: who may be able to claim once it is done.
-SELECT DISTINCT t.pipeline_id, t.stage
+-- (pipeline, stage) of each task waiting on this one, once per task: who may be able to claim
+-- once it is done (each is a wake-up of its own).
+SELECT t.pipeline_id, t.stage
 FROM task_dependencies AS d
 JOIN tasks AS t ON t.id = d.task_id
 WHERE d.depends_on_task_id = :id;
