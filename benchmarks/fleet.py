@@ -222,7 +222,7 @@ class Crowd:
             {"agent_id": f"waiter-{i}", "agent_role": self.role, "wait_ms": self.wait_ms}
         ).encode()
         head = (
-            "POST /leases/claim HTTP/1.1\r\nHost: fleet\r\nContent-Type: application/json\r\n"
+            "POST /leases/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         writer = None
@@ -266,7 +266,7 @@ class Crowd:
     async def _stream(self, i: int, opened: asyncio.Future[None]) -> None:
         port = self.ports[i % len(self.ports)]
         request = (
-            f"GET /events/stream?pipeline_id={self.pipeline_id} HTTP/1.1\r\nHost: fleet\r\n\r\n"
+            f"GET /events/stream?pipeline_id={self.pipeline_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         ).encode()
         writer = None
         try:
