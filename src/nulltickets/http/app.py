@@ -20,7 +20,7 @@ from nulltickets.http import metrics as prometheus
 from nulltickets.http import ui
 from nulltickets.http.errors import EXTRA_HEADERS, error_response
 from nulltickets.http.handlers import Context, check_admin
-from nulltickets.http.request import Request
+from nulltickets.http.request import Request, split_path
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
 from nulltickets.http.sse import StreamHub
@@ -170,7 +170,7 @@ class App:
         ctx = self.ctx
         assert ctx is not None
         path: str = scope.path
-        segments = [s for s in path.split("/") if s]
+        segments = split_path(path)
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto
         req.scheme = scope.scheme

@@ -74,6 +74,9 @@ function ago(ms) {
 }
 const when = (ms) => (ms ? new Date(ms).toLocaleString() : "–");
 const short = (id) => (id ? id.slice(-8) : "");
+// A path segment that arrives whole: the server's HTTP layer decodes the path once before it is
+// split, so "/" and "%" inside a segment are escaped first ("%2F", "%25"), then encoded.
+const segment = (text) => encodeURIComponent(text.replaceAll("%", "%25").replaceAll("/", "%2F"));
 const taskLink = (id, text) => h("a", { href: `/ui/task/${encodeURIComponent(id)}` }, text || short(id));
 
 function setMain(...nodes) {
@@ -432,7 +435,7 @@ async function store() {
           h("td", {}, h("code", {}, hit.key)), h("td", { class: "snippet" }, highlighted(hit.snippet)))))));
   }
   if (ns) {
-    const entries = await get(`/store/${encodeURIComponent(ns)}`);
+    const entries = await get(`/store/${segment(ns)}`);
     sections.push(h("h2", {}, `Namespace ${ns}: ${entries.length} keys`),
       h("table", { id: "keys" },
         h("thead", {}, h("tr", {}, ["key", "value", "updated"].map((t) => h("th", {}, t)))),
