@@ -279,7 +279,7 @@ class Tracker:
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
         row = b.task_details(task_id)
         if row is None:
-            raise NotFound("task not found")
+            raise TaskNotFound()
         task, checkpoint, fence, cancelled_at, cancel_reason = row
         latest = b.latest_run(task_id)
         details = TaskDetails(
@@ -312,7 +312,7 @@ class Tracker:
 
     def get_checkpoint(self, b: Backend, task_id: str) -> TaskCheckpoint:
         if not b.task_exists(task_id):
-            raise NotFound("task not found")
+            raise TaskNotFound()
         checkpoint, fence = self._resume(b, task_id)
         return TaskCheckpoint(task_id, checkpoint, fence, b.previous_failures(task_id))
 
@@ -341,13 +341,15 @@ class Tracker:
         self, b: Backend, task_id: str, after: int, limit: int
     ) -> tuple[list[TaskRun], str | None]:
         if not b.task_exists(task_id):
-            raise NotFound("task not found")
+            raise TaskNotFound()
         rows = b.list_task_runs(task_id, after, limit + 1)
         return _page(rows, limit, lambda r: str(r.attempt))
 
     def run_state(self, b: Backend, task_id: str) -> str:
         run_id = b.task_run_state(task_id)
         if run_id is None:
+            if not b.task_exists(task_id):
+                raise TaskNotFound()
             raise NotFound("task has no run state")
         return run_id
 
@@ -373,6 +375,8 @@ class Tracker:
 
     def unassign(self, b: Backend, task_id: str, agent_id: str, now: int) -> None:
         if not b.unassign(task_id, agent_id, now):
+            if not b.task_exists(task_id):
+                raise TaskNotFound()
             raise NotFound("no active assignment for this task and agent")
         task = b.get_task(task_id)
         if task is not None:
