@@ -124,7 +124,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="config file, which must exist (default $NULLTICKETS_HOME/config.json, if any)",
     )
-    opt("--host", ENV_HOST, "bind address; any but loopback needs a token (default 127.0.0.1)")
+    opt(
+        "--host",
+        ENV_HOST,
+        "bind address; any but loopback needs a token of 16+ characters (default 127.0.0.1)",
+    )
     opt("--port", ENV_PORT, "listen port 0..65535 (default 7700)", metavar="N")
     opt("--db", ENV_DB, "SQLite database file (default nulltickets.db)", metavar="PATH")
     opt("--token", ENV_TOKEN, "admin token every route but /health needs (default: none)")
@@ -204,10 +208,15 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         check_settings(settings)
     except ConfigError as exc:
-        # launch names the flag; the host may have come from the file or the environment.
-        source = source_of("host", flags)
-        if "--host" in str(exc) and source != "--host":
-            raise ConfigError(str(exc).replace("--host", source)) from None
+        # launch names the flag; the host or the token may have come from the file or the
+        # environment.
+        message = str(exc)
+        for setting in ("host", "token"):
+            source = source_of(setting, flags)
+            if f"--{setting}" in message and source not in (f"--{setting}", "the default"):
+                message = message.replace(f"--{setting}", source)
+        if message != str(exc):
+            raise ConfigError(message) from None
         raise
     preflight(settings)
     serve(settings)

@@ -13,6 +13,8 @@ from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
 
 # granian's access line without its own local-time stamp: every record carries ours.
 ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
+# The shortest admin token a server reachable from other machines accepts.
+MIN_TOKEN_LENGTH = 16
 # Seconds granian's main process waits for its worker to stop before it kills it.
 WORKER_KILL_TIMEOUT_S = 3
 
@@ -51,11 +53,18 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("--read-timeout must be between 0 and 3600 seconds")
     if settings.max_body_bytes < 1024:
         raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
-    if not is_loopback(bind_address(settings.host)) and not settings.token:
-        raise ConfigError(
-            f"refusing to listen on {settings.host} without a token; "
-            "pass --token (or set api_token in the config) or bind 127.0.0.1"
-        )
+    if not is_loopback(bind_address(settings.host)):
+        if not settings.token:
+            raise ConfigError(
+                f"refusing to listen on {settings.host} without a token; "
+                "pass --token (or set api_token in the config) or bind 127.0.0.1"
+            )
+        if len(settings.token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"refusing to listen on {settings.host} with a --token shorter than "
+                f"{MIN_TOKEN_LENGTH} characters (one that others can guess); use a longer one, "
+                "e.g. from `openssl rand -hex 16`, or bind 127.0.0.1"
+            )
     check_port(settings.host, settings.port)
 
 
