@@ -5,11 +5,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
+from types import FrameType
 
 from nulltickets import __version__, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
+from nulltickets.lifetime import STOP_SIGNALS, exit_after
 
 # granian's access line without its own local-time stamp: every record carries ours.
 ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
@@ -17,6 +20,10 @@ ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt
 MIN_TOKEN_LENGTH = 16
 # Seconds granian's main process waits for its worker to stop before it kills it.
 WORKER_KILL_TIMEOUT_S = 3
+# Seconds after a stop signal by which granian's main process is gone, whatever it is waiting
+# on: the worker's stop (above), then a margin. The binary's onefile bootstrap gives its child
+# one second more than this (build/binary.py).
+MAIN_SHUTDOWN_DEADLINE_S = WORKER_KILL_TIMEOUT_S + 2
 
 
 def version_line() -> str:
@@ -139,5 +146,23 @@ def serve(settings: Settings) -> None:
         # on us for long.
         workers_kill_timeout=WORKER_KILL_TIMEOUT_S,
     )
+    server.on_startup(take_stop_signals)
     # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
     server.serve(target_loader=load_app)  # type: ignore[arg-type]
+
+
+def take_stop_signals() -> None:
+    """In granian's main process, once granian has set its signal handlers (a startup hook):
+    SIGHUP stops the server like SIGTERM, where granian would respawn the worker and serve on,
+    and every stop signal also arms a deadline, so the process is gone in
+    MAIN_SHUTDOWN_DEADLINE_S even if its own shutdown hangs."""
+    stop = signal.getsignal(signal.SIGTERM)
+    if not callable(stop):  # not granian's handler: leave the signals as they are
+        return
+
+    def stop_within_deadline(signum: int, frame: FrameType | None) -> None:
+        exit_after(MAIN_SHUTDOWN_DEADLINE_S)
+        stop(signum, frame)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop_within_deadline)

@@ -24,6 +24,7 @@ from nulltickets.http.request import Request, split_path
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
 from nulltickets.http.sse import StreamHub
+from nulltickets.lifetime import STOP_SIGNALS, exit_after
 from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
 from nulltickets.storage.factory import open_database
@@ -88,14 +89,15 @@ class App:
             self.ctx = None
 
     def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGTERM/SIGINT first answer the waiting long-polls (204), then start granian's own
-        graceful stop, which finishes the requests in flight; __rsgi_del__ then commits what
-        is queued. Without this, a long-poll held the worker for up to its 30 s wait."""
+        """SIGTERM, SIGINT and SIGHUP first answer the waiting long-polls (204), then start
+        granian's own graceful stop, which finishes the requests in flight; __rsgi_del__ then
+        commits what is queued. Without this, a long-poll held the worker for up to its 30 s
+        wait."""
         stop = _granian_stop[0]
         if stop is None:
             return
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self._begin_shutdown)
         except (NotImplementedError, RuntimeError):  # Windows: granian's own handlers stay
             return
@@ -109,7 +111,7 @@ class App:
         stop = _granian_stop[0]
         if stop is not None:
             stop.set()
-        _exit_after(SHUTDOWN_DEADLINE_S)
+        exit_after(SHUTDOWN_DEADLINE_S)
 
     async def _maintain(self) -> None:
         """Expire overdue leases promptly (not only when someone claims) and drop old
@@ -269,27 +271,9 @@ def _watch_parent(loop: asyncio.AbstractEventLoop, shutdown: Any) -> None:
         log.warning("the server's main process (pid %d) is gone: shutting down", parent)
         with contextlib.suppress(RuntimeError):  # the loop is already closed
             loop.call_soon_threadsafe(shutdown)
-        _exit_after(SHUTDOWN_DEADLINE_S)
+        exit_after(SHUTDOWN_DEADLINE_S)
 
     threading.Thread(target=watch, name="nulltickets-parent-watch", daemon=True).start()
-
-
-_exiting = threading.Event()
-
-
-def _exit_after(seconds: float) -> None:
-    """The last resort of a shutdown: if the worker has not exited by then (a request that
-    never ends, a stuck call), it leaves without waiting further."""
-    if _exiting.is_set():
-        return
-    _exiting.set()
-
-    def leave() -> None:
-        time.sleep(seconds)
-        log.warning("shutdown took longer than %.1f s: exiting now", seconds)
-        os._exit(1)
-
-    threading.Thread(target=leave, name="nulltickets-exit-deadline", daemon=True).start()
 
 
 def load_app(target: str = "") -> App:
