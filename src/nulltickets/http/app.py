@@ -27,7 +27,7 @@ from nulltickets.http.sse import StreamHub
 from nulltickets.lifetime import STOP_SIGNALS, exit_after
 from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
-from nulltickets.storage.factory import open_database
+from nulltickets.storage.factory import open_database, secrets_of
 
 log = logging.getLogger("nulltickets")
 
@@ -280,5 +280,6 @@ def load_app(target: str = "") -> App:
     """granian's target loader: runs inside the worker, configured through the environment."""
     _catch_granian_stop()
     settings = Settings.from_env()
+    logs.hide(*secrets_of(settings.db))
     logs.configure(settings.log_format, settings.log_level)
     return App(settings)
