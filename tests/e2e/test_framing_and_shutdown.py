@@ -217,6 +217,34 @@ def test_sigkill_of_the_main_process_alone_leaves_no_worker_serving(server: Serv
         again.stop()
 
 
+@pytest.mark.skipif(
+    not os.environ.get("NULLTICKETS_BINARY"),
+    reason="the onefile bootstrap is the standalone binary's (make test-binary runs this)",
+)
+def test_a_hung_main_process_does_not_hold_the_binarys_sigterm(server: Server) -> None:
+    """The binary is three processes: the onefile bootstrap (the pid a supervisor knows),
+    granian's main process and its worker. With the main process hung, SIGTERM to the
+    bootstrap still ends all three within the server's own bound."""
+    assert server.proc is not None
+    bootstrap = server.proc.pid
+    processes = [bootstrap, *descendants(bootstrap)]  # children first: granian's main next
+    assert len(processes) == 3, processes
+    main = processes[1]
+    os.kill(main, signal.SIGSTOP)  # hung: it handles nothing, not even SIGTERM
+    try:
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
+        took = time.monotonic() - started
+        assert took < 9, took  # container runtimes kill after 10 s
+        assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
+    finally:
+        if alive(main):
+            os.kill(main, signal.SIGCONT)
+    assert _nothing_serves(server.port)
+    _serves_again(server)
+
+
 def _nothing_serves(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
