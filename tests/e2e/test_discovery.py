@@ -265,7 +265,7 @@ def test_head_is_404_even_on_health(client: Client) -> None:
 def test_get_tasks_bulk_is_a_lookup_of_a_task_named_bulk(client: Client) -> None:
     r = client.get("/tasks/bulk")
     assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.error_code == "task_not_found"
 
 
 # --- empty path segments -----------------------------------------------------------------------
