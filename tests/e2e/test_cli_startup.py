@@ -150,7 +150,9 @@ def test_a_non_loopback_host_refuses_a_short_token(where: str, named: str, tmp_p
 
 
 def test_a_one_character_token_is_refused_and_sixteen_start(tmp_path: Path) -> None:
-    line = start_error(tmp_path, "--host", "0.0.0.0", "--token", "a", "--db", str(tmp_path / "t.db"))
+    line = start_error(
+        tmp_path, "--host", "0.0.0.0", "--token", "a", "--db", str(tmp_path / "t.db")
+    )
     assert "shorter than 16 characters" in line, line
     server = Server(tmp_path / "long.db", token=SHORT_TOKEN + "!", args=["--host", "0.0.0.0"])
     server.start()

@@ -158,7 +158,9 @@ def test_explicit_config_path_anchors_db_to_its_own_directory(
     "db",
     [":memory:", "file:t.db?mode=memory", "postgresql://u:pw@h/db", "postgres://h:5433/db"],
 )
-def test_sqlite_special_names_and_postgresql_urls_stay_as_written(db: str, home: Path, env: dict[str, str]) -> None:
+def test_sqlite_special_names_and_postgresql_urls_stay_as_written(
+    db: str, home: Path, env: dict[str, str]
+) -> None:
     write(home / "config.json", {"db": db})
     assert build_settings(Flags(), env).db == db
 
