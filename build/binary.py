@@ -31,7 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from release import manifest as release_manifest  # noqa: E402
 
+from nulltickets import launch  # noqa: E402  (the package being built, installed in this Python)
+
 DIST = ROOT / "dist"
+ONEFILE_CHILD_GRACE_MS = (launch.MAIN_SHUTDOWN_DEADLINE_S + 1) * 1000
 PACKAGE = ROOT / "src" / "nulltickets"
 CEXT = ROOT / "cext"  # installed as nulltickets._cext: the compiled core and its source
 
@@ -197,9 +200,11 @@ def nuitka_command(
         # Files compressed one by one, so a start that finds them unpacked already skips them
         # instead of decompressing the whole payload to reach the next one.
         "--onefile-as-archive",
-        # SIGTERM reaches the server through the onefile parent, which by default kills it 5 s
-        # later; the server's own shutdown is bounded by its read timeouts (10 s headers).
-        "--onefile-child-grace-time=60000",
+        # SIGTERM reaches the server through the onefile parent, which then kills it after this
+        # grace: one second past the deadline by which the server's main process ends by
+        # itself (launch.py), so a main process that hangs (stopped, stuck) cannot hold the
+        # binary's SIGTERM for longer; its worker follows it through the parent-death signal.
+        f"--onefile-child-grace-time={ONEFILE_CHILD_GRACE_MS}",
         # Nuitka refuses any argv with "-c"/"-m" followed by a value, assuming a program that
         # re-executes itself as Python; `nulltickets worker -- python -c ...` is legitimate.
         "--no-deployment-flag=self-execution",

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from nulltickets import admin_cli, agent_cli, db_cli, migrate_cli
 from nulltickets.config import (
@@ -72,8 +73,17 @@ $NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over
 environment variables (NULLTICKETS_PORT, NULLTICKETS_DB, ...) and the defaults."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error names the argument it did not expect, never a password inside it."""
+
+    def error(self, message: str) -> NoReturn:
+        from nulltickets import logs
+
+        super().error(logs.scrub(message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nulltickets",
         description="Durable task state for AI agents, served over a JSON HTTP API.",
         epilog=EPILOG,
@@ -113,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Subparser(argparse.ArgumentParser):
+class _Subparser(_Parser):
     """Subcommands refuse abbreviated flags too (`--po` is not `--port`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -131,7 +141,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="config file, which must exist (default $NULLTICKETS_HOME/config.json, if any)",
     )
-    opt("--host", ENV_HOST, "bind address; any but loopback needs a token (default 127.0.0.1)")
+    opt(
+        "--host",
+        ENV_HOST,
+        "bind address; any but loopback needs a token of 16+ characters (default 127.0.0.1)",
+    )
     opt("--port", ENV_PORT, "listen port 0..65535 (default 7700)", metavar="N")
     opt("--db", ENV_DB, "SQLite database file (default nulltickets.db)", metavar="PATH")
     opt("--token", ENV_TOKEN, "admin token every route but /health needs (default: none)")
@@ -246,14 +260,20 @@ def serve_command(args: argparse.Namespace) -> int:
         raise ConfigError("--host must not be empty")
     flags = flags_from_args(args)
     settings = build_settings(flags)
+    hide_passwords(settings.db)  # also one from the config file
     logs.configure(settings.log_format, settings.log_level)
     try:
         check_settings(settings)
     except ConfigError as exc:
-        # launch names the flag; the host may have come from the file or the environment.
-        source = source_of("host", flags)
-        if "--host" in str(exc) and source != "--host":
-            raise ConfigError(str(exc).replace("--host", source)) from None
+        # launch names the flag; the host or the token may have come from the file or the
+        # environment.
+        message = str(exc)
+        for setting in ("host", "token"):
+            source = source_of(setting, flags)
+            if f"--{setting}" in message and source not in (f"--{setting}", "the default"):
+                message = message.replace(f"--{setting}", source)
+        if message != str(exc):
+            raise ConfigError(message) from None
         raise
     preflight(settings)
     serve(settings)
@@ -290,6 +310,9 @@ def normalise(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
+    # A database URL's password, wherever the command line or the environment holds one, is
+    # never shown: not in a log record, an error line or a usage message.
+    hide_passwords(*args_in, os.environ.get(ENV_DB, ""))
     # Both modes count only as the first argument, like the original's.
     if args_in[:1] == ["--export-manifest"]:
         return export_manifest()
@@ -312,20 +335,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except CommandFailed as exc:
-        print(f"nulltickets: {exc}", file=sys.stderr)
-        return exc.status
+        return _failed(str(exc), exc.status)
     except ConfigError as exc:
-        print(f"nulltickets: {exc}", file=sys.stderr)
-        return 1
+        return _failed(str(exc))
     except TrackerError as exc:
-        print(f"nulltickets: {exc.message}", file=sys.stderr)
-        return 1
+        return _failed(exc.message)
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # a start-up step the checks above did not foresee
-        print(f"nulltickets: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return _failed(str(exc.strerror or exc))
     except Exception as exc:  # still one line, never a traceback, for whoever runs us
-        print(f"nulltickets: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _failed(f"{type(exc).__name__}: {exc}")
     return status
+
+
+def _failed(message: str, status: int = 1) -> int:
+    from nulltickets import logs
+
+    print(f"nulltickets: {logs.scrub(message)}", file=sys.stderr)
+    return status
+
+
+def hide_passwords(*targets: str) -> None:
+    """Have the logs and error lines of this process never show these targets' passwords."""
+    from nulltickets import logs
+    from nulltickets.storage.dsn import secrets_of
+
+    for target in targets:
+        logs.hide(*secrets_of(target))

@@ -241,12 +241,10 @@ def _text(status: int, payload: bytes) -> str:
 
 
 def _seg(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
-
-
-def _key_path(key: str) -> str:
-    """A store key may contain slashes (the route takes the rest of the path)."""
-    return urllib.parse.quote(key, safe="/")
+    """One path segment that arrives whole, whatever it holds: the server's HTTP layer decodes
+    the path once before splitting it, so `/` and `%` are escaped (`%2F`, `%25`) before the
+    segment is percent-encoded; the server undoes that escape after the split."""
+    return urllib.parse.quote(value.replace("%", "%25").replace("/", "%2F"), safe="")
 
 
 def _query(path: str, **params: Any) -> str:
@@ -654,18 +652,18 @@ class Calls:
 
     @staticmethod
     def store_put(namespace: str, key: str, value: Any) -> Call[None]:
-        path = f"/store/{_seg(namespace)}/{_key_path(key)}"
+        path = f"/store/{_seg(namespace)}/{_seg(key)}"
         body = msgspec.json.encode({"value": value})
         return Call("PUT", path, _nothing, body, repeatable=True)
 
     @staticmethod
     def store_get(namespace: str, key: str) -> Call[StoreEntry]:
-        path = f"/store/{_seg(namespace)}/{_key_path(key)}"
+        path = f"/store/{_seg(namespace)}/{_seg(key)}"
         return Call("GET", path, _as(StoreEntry), repeatable=True)
 
     @staticmethod
     def store_delete(namespace: str, key: str) -> Call[None]:
-        path = f"/store/{_seg(namespace)}/{_key_path(key)}"
+        path = f"/store/{_seg(namespace)}/{_seg(key)}"
         return Call("DELETE", path, _nothing, repeatable=True)
 
     @staticmethod

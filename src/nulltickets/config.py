@@ -170,8 +170,11 @@ def config_path(explicit: str | None = None, env: Mapping[str, str] | None = Non
 
 def resolve_db(db: str, config_dir: Path) -> str:
     """A relative db in a config file lives next to that file, whatever the working directory.
-    `:memory:` and `file:` URIs are SQLite's to interpret and stay as written."""
-    if db == ":memory:" or db.startswith("file:"):
+    `:memory:` and `file:` URIs are SQLite's to interpret, and a PostgreSQL URL is no path:
+    they stay as written."""
+    from nulltickets.storage.factory import is_postgres
+
+    if db == ":memory:" or db.startswith("file:") or is_postgres(db):
         return db
     path = Path(db).expanduser()
     if not path.is_absolute():

@@ -1,10 +1,12 @@
-"""The commands that open the database file themselves, beside a running server or without one.
+"""The commands that open the database themselves, beside a running server or without one.
 
     nulltickets backup DEST [--db PATH] [--config PATH] [--force]
-    nulltickets doctor [--db PATH] [--config PATH] [--json]
+    nulltickets doctor [--db PATH|URL] [--config PATH] [--json]
 
 The database is found as `serve` finds it (--db, the config file, NULLTICKETS_DB). The SQLite
-work lives in storage/sqlite/maintenance.py.
+work lives in storage/sqlite/maintenance.py, doctor's on PostgreSQL in
+storage/postgres/maintenance.py; `backup` of a PostgreSQL database points to pg_dump. Nothing
+shows a database URL's password.
 """
 
 from __future__ import annotations
@@ -47,26 +49,47 @@ def _database_options(p: argparse.ArgumentParser) -> None:
         "--db",
         default=None,
         metavar="PATH",
-        help=f"the database (env {ENV_DB}; default: as serve finds it)",
+        help=f"the database: a SQLite file or a postgresql:// URL (env {ENV_DB}; default: as "
+        "serve finds it)",
     )
     p.add_argument(
         "--config", default=None, metavar="PATH", help="config file to find the database in"
     )
 
 
+def _database(args: argparse.Namespace) -> str:
+    from nulltickets import logs
+    from nulltickets.storage.factory import secrets_of
+
+    target = database_path(args.config, args.db)
+    logs.hide(*secrets_of(target))  # also one from the config file
+    return target
+
+
 def backup_command(args: argparse.Namespace) -> int:
+    from nulltickets import logs
     from nulltickets.errors import TrackerError
+    from nulltickets.storage.factory import display_name, is_postgres
     from nulltickets.storage.sqlite import maintenance
 
-    source = database_path(args.config, args.db)
+    source = _database(args)
+    if is_postgres(source):
+        # PostgreSQL's own tools copy a live database consistently, and restore it.
+        raise CommandFailed(
+            f"backup copies a SQLite file; {display_name(source)} is PostgreSQL: back it up with "
+            f"pg_dump (pg_dump --format=custom --file {args.dest} DBURL; restore with "
+            "pg_restore --dbname DBURL FILE; the password from PGPASSWORD or ~/.pgpass)"
+        )
     try:
         report = maintenance.backup(source, args.dest, force=args.force)
     except TrackerError as exc:
         raise CommandFailed(exc.message) from None
     print(
-        f"backup of {report.source} written to {report.dest}: {report.pages} pages, "
-        f"{report.size_bytes} bytes, schema version {report.schema_version}, "
-        f"integrity {report.integrity}"
+        logs.scrub(
+            f"backup of {report.source} written to {report.dest}: {report.pages} pages, "
+            f"{report.size_bytes} bytes, schema version {report.schema_version}, "
+            f"integrity {report.integrity}"
+        )
     )
     return 0
 
@@ -74,13 +97,18 @@ def backup_command(args: argparse.Namespace) -> int:
 def doctor_command(args: argparse.Namespace) -> int:
     import msgspec
 
+    from nulltickets import logs
+    from nulltickets.storage.factory import inspect_postgres, is_postgres
     from nulltickets.storage.sqlite import maintenance
 
-    report = maintenance.inspect(database_path(args.config, args.db))
-    if args.json:
-        print(msgspec.json.encode(report).decode())
+    target = _database(args)
+    if is_postgres(target):
+        report = inspect_postgres(target)
+        text = postgres_doctor_text(report)
     else:
-        print(doctor_text(report))
+        report = maintenance.inspect(target)
+        text = doctor_text(report)
+    print(logs.scrub(msgspec.json.encode(report).decode() if args.json else text))
     return 0 if report.ok else 1
 
 
@@ -95,6 +123,28 @@ def doctor_text(r: Any) -> str:
         f"schema       version {version}, this build's {r.expected_version}",
         f"application  {app_id}",
         f"in use       {in_use}",
+        f"on start     {r.on_start}",
+    ]
+    lines.extend(f"problem      {p}" for p in r.problems)
+    lines.extend(f"note         {n}" for n in r.notes)
+    lines.append("status       " + ("ok" if r.ok else "needs attention"))
+    return "\n".join(lines)
+
+
+def postgres_doctor_text(r: Any) -> str:
+    server = f"PostgreSQL {r.server_version}" if r.reachable else "not reached"
+    version = "-" if r.schema_version is None else str(r.schema_version)
+    writable = {True: "yes", False: "no (read-only)", None: "cannot tell"}[r.writable]
+    in_use = f"yes, by {r.sessions} other sessions" if r.in_use else "no"
+    lines = [
+        f"database     {r.database}",
+        f"server       {server}",
+        f"size         {r.size_bytes} bytes",
+        f"integrity    {r.integrity}",
+        f"schema       version {version}, this build's {r.expected_version}",
+        f"contents     {r.contents}",
+        f"writable     {writable}",
+        f"in use       {in_use if r.in_use is not None else 'cannot tell'}",
         f"on start     {r.on_start}",
     ]
     lines.extend(f"problem      {p}" for p in r.problems)

@@ -5,21 +5,30 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
+from types import FrameType
 
 import msgspec
 
 from nulltickets import __version__, capacity, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
+from nulltickets.lifetime import STOP_SIGNALS, exit_after
 
 # granian's access line without its own local-time stamp: every record carries ours.
 ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'
+# The shortest admin token a server reachable from other machines accepts.
+MIN_TOKEN_LENGTH = 16
 # Seconds granian's main process waits for its worker to stop before it kills it.
 WORKER_KILL_TIMEOUT_S = 3
 # The listening socket's queue of connections not yet accepted (the kernel caps it at
 # net.core.somaxconn): room for a fleet of agents connecting at once.
 LISTEN_BACKLOG = 4096
+# Seconds after a stop signal by which granian's main process is gone, whatever it is waiting
+# on: the worker's stop (above), then a margin. The binary's onefile bootstrap gives its child
+# one second more than this (build/binary.py).
+MAIN_SHUTDOWN_DEADLINE_S = WORKER_KILL_TIMEOUT_S + 2
 
 
 def version_line() -> str:
@@ -56,11 +65,18 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("--read-timeout must be between 0 and 3600 seconds")
     if settings.max_body_bytes < 1024:
         raise ConfigError("max body size (--max-body-bytes) must be at least 1024")
-    if not is_loopback(bind_address(settings.host)) and not settings.token:
-        raise ConfigError(
-            f"refusing to listen on {settings.host} without a token; "
-            "pass --token (or set api_token in the config) or bind 127.0.0.1"
-        )
+    if not is_loopback(bind_address(settings.host)):
+        if not settings.token:
+            raise ConfigError(
+                f"refusing to listen on {settings.host} without a token; "
+                "pass --token (or set api_token in the config) or bind 127.0.0.1"
+            )
+        if len(settings.token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"refusing to listen on {settings.host} with a --token shorter than "
+                f"{MIN_TOKEN_LENGTH} characters (one that others can guess); use a longer one, "
+                "e.g. from `openssl rand -hex 16`, or bind 127.0.0.1"
+            )
     check_port(settings.host, settings.port)
 
 
@@ -157,5 +173,23 @@ def serve(settings: Settings) -> None:
         # on us for long.
         workers_kill_timeout=WORKER_KILL_TIMEOUT_S,
     )
+    server.on_startup(take_stop_signals)
     # granian annotates the loader as returning a callable; an RSGI app object is what it wants.
     server.serve(target_loader=load_app)  # type: ignore[arg-type]
+
+
+def take_stop_signals() -> None:
+    """In granian's main process, once granian has set its signal handlers (a startup hook):
+    SIGHUP stops the server like SIGTERM, where granian would respawn the worker and serve on,
+    and every stop signal also arms a deadline, so the process is gone in
+    MAIN_SHUTDOWN_DEADLINE_S even if its own shutdown hangs."""
+    stop = signal.getsignal(signal.SIGTERM)
+    if not callable(stop):  # not granian's handler: leave the signals as they are
+        return
+
+    def stop_within_deadline(signum: int, frame: FrameType | None) -> None:
+        exit_after(MAIN_SHUTDOWN_DEADLINE_S)
+        stop(signum, frame)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop_within_deadline)

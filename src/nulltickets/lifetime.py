@@ -1,17 +1,47 @@
 """Processes of ours end with the process that depends on them: on Linux through the kernel's
-parent-death signal (PR_SET_PDEATHSIG), which a SIGKILL of the parent cannot skip. Elsewhere
-these do nothing."""
+parent-death signal (PR_SET_PDEATHSIG), which a SIGKILL of the parent cannot skip (elsewhere
+those do nothing); and a process asked to stop is gone within a deadline, whatever it was
+doing."""
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import cast
 
 PR_SET_PDEATHSIG = 1
+
+# The signals that stop a server gracefully. SIGHUP among them, as the original stops on it: a
+# terminal or a supervisor's process group that hangs up must not leave a server behind
+# (granian alone respawns its worker on SIGHUP and serves on, with parent pid 1).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT) + (
+    (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+)
+
+log = logging.getLogger("nulltickets")
+_exiting = threading.Event()
+
+
+def exit_after(seconds: float) -> None:
+    """The last resort of a shutdown: if this process has not exited by then (a request that
+    never ends, a stuck call, a child that will not die), it leaves without waiting further.
+    Only the first call in a process arms it."""
+    if _exiting.is_set():
+        return
+    _exiting.set()
+
+    def leave() -> None:
+        time.sleep(seconds)
+        log.warning("shutdown took longer than %.1f s: exiting now", seconds)
+        os._exit(1)
+
+    threading.Thread(target=leave, name="nulltickets-exit-deadline", daemon=True).start()
 
 
 @functools.cache

@@ -20,6 +20,22 @@ from typing import Any
 # access log.
 GRANIAN_LOGGERS = ("_granian", "granian.access")
 
+# Text no record may show (a database password), whoever logs it: our code, granian, a driver.
+_hidden: set[str] = set()
+
+
+def hide(*secrets: str) -> None:
+    """Never write these in a log record or in a command's error line (see `scrub`)."""
+    _hidden.update(s for s in secrets if s)
+
+
+def scrub(text: str) -> str:
+    """`text` with every hidden secret replaced by `***`."""
+    for secret in sorted(_hidden, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
 
 def timestamp(created: float) -> str:
     """`created` (seconds since the epoch) as ISO 8601 UTC with milliseconds."""
@@ -37,7 +53,7 @@ class TextFormatter(logging.Formatter):
         )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return scrub(line)
 
 
 class JsonFormatter(logging.Formatter):
@@ -48,10 +64,10 @@ class JsonFormatter(logging.Formatter):
             "ts": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": scrub(record.getMessage()),
         }
         if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
+            doc["exception"] = scrub(self.formatException(record.exc_info))
         return json.dumps(doc, ensure_ascii=False)
 
 

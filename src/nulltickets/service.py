@@ -305,7 +305,7 @@ class Tracker:
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
         row = b.task_details(task_id)
         if row is None:
-            raise NotFound("task not found")
+            raise TaskNotFound()
         task, checkpoint, fence, cancelled_at, cancel_reason = row
         latest = b.latest_run(task_id)
         details = TaskDetails(
@@ -338,7 +338,7 @@ class Tracker:
 
     def get_checkpoint(self, b: Backend, task_id: str) -> TaskCheckpoint:
         if not b.task_exists(task_id):
-            raise NotFound("task not found")
+            raise TaskNotFound()
         checkpoint, fence = self._resume(b, task_id)
         return TaskCheckpoint(task_id, checkpoint, fence, b.previous_failures(task_id))
 
@@ -369,7 +369,7 @@ class Tracker:
         """A page of the task's runs, oldest attempt first (the runs after attempt `cursor`)
         or newest first (the runs before it)."""
         if not b.task_exists(task_id):
-            raise NotFound("task not found")
+            raise TaskNotFound()
         if newest_first:
             before = _NEVER if cursor is None else cursor
             rows = b.list_task_runs_newest(task_id, before, limit + 1)
@@ -380,6 +380,8 @@ class Tracker:
     def run_state(self, b: Backend, task_id: str) -> str:
         run_id = b.task_run_state(task_id)
         if run_id is None:
+            if not b.task_exists(task_id):
+                raise TaskNotFound()
             raise NotFound("task has no run state")
         return run_id
 
@@ -405,6 +407,8 @@ class Tracker:
 
     def unassign(self, b: Backend, task_id: str, agent_id: str, now: int) -> None:
         if not b.unassign(task_id, agent_id, now):
+            if not b.task_exists(task_id):
+                raise TaskNotFound()
             raise NotFound("no active assignment for this task and agent")
         task = b.get_task(task_id)
         if task is not None:

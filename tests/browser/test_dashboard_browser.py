@@ -666,3 +666,16 @@ def test_the_store_badge_tells_whether_the_page_is_live(
         assert "reconnecting" in badge.text
     finally:
         own.stop()
+
+
+def test_the_store_page_lists_a_namespace_holding_a_slash(
+    driver: WebDriver, server: Server, api: Client
+) -> None:
+    team = unique("aaa-team")
+    # team/alpha's key, and team's key alpha/notes: two entries, two namespaces.
+    assert api.put(f"/store/{team}%252Falpha/notes", {"value": 1}).status == 204
+    assert api.put(f"/store/{team}/alpha%2Fnotes", {"value": 2}).status == 204
+    visit(driver, server, f"/ui/store?namespace={team}%2Falpha")
+    wait(driver).until(ec.presence_of_element_located((By.ID, "keys")))
+    keys = driver.find_elements(By.CSS_SELECTOR, "#keys tbody tr code")
+    assert [k.text for k in keys][::2] == ["notes"]

@@ -213,7 +213,7 @@ def test_a_task_never_checkpointed_has_a_null_checkpoint(client: Client) -> None
 def test_checkpoint_of_an_unknown_task_is_not_found(client: Client) -> None:
     r = client.get(f"/tasks/{unique('task')}/checkpoint")
     assert r.status == 404, r.body
-    assert r.error_code == "not_found"
+    assert r.error_code == "task_not_found"
 
 
 def test_next_claim_resumes_from_the_checkpoint_after_a_failure(client: Client) -> None:

@@ -125,6 +125,46 @@ def test_a_bad_setting(args: list[str], message: str, tmp_path: Path) -> None:
     assert start_error(tmp_path, *args).startswith(message)
 
 
+SHORT_TOKEN = "fifteen-chars.."  # one short of the 16 a non-loopback server needs
+
+
+@pytest.mark.parametrize(
+    ("where", "named"),
+    [("flag", "--token"), ("env", "NULLTICKETS_TOKEN"), ("config", "'api_token' in ")],
+)
+def test_a_non_loopback_host_refuses_a_short_token(where: str, named: str, tmp_path: Path) -> None:
+    args = ["--host", "0.0.0.0", "--db", str(tmp_path / "t.db")]
+    env = None
+    if where == "flag":
+        args += ["--token", SHORT_TOKEN]
+    elif where == "env":
+        env = {"NULLTICKETS_TOKEN": SHORT_TOKEN}
+    else:
+        config = tmp_path / "nt.json"
+        config.write_text(json.dumps({"api_token": SHORT_TOKEN}))
+        args += ["--config", str(config)]
+    line = start_error(tmp_path, *args, env=env)
+    assert line.startswith(f"refusing to listen on 0.0.0.0 with a {named}"), line
+    assert "shorter than 16 characters" in line, line
+    assert SHORT_TOKEN not in line
+
+
+def test_a_one_character_token_is_refused_and_sixteen_start(tmp_path: Path) -> None:
+    line = start_error(
+        tmp_path, "--host", "0.0.0.0", "--token", "a", "--db", str(tmp_path / "t.db")
+    )
+    assert "shorter than 16 characters" in line, line
+    server = Server(tmp_path / "long.db", token=SHORT_TOKEN + "!", args=["--host", "0.0.0.0"])
+    server.start()
+    try:
+        assert server.client(SHORT_TOKEN + "!").get("/tasks").status == 200
+    finally:
+        assert server.stop() == 0
+    # On loopback any token is accepted, as before.
+    server = Server(tmp_path / "loop.db", token="a").start()
+    assert server.stop() == 0
+
+
 @pytest.mark.parametrize(
     ("var", "value"),
     [

@@ -118,7 +118,7 @@ def test_api_errors_stay_the_json_envelope(client: Client) -> None:
     r = client.get(f"/tasks/{unique('missing')}")
     assert r.status == 404
     assert r.headers["content-type"] == "application/json"
-    assert r.error_code == "not_found"
+    assert r.error_code == "task_not_found"
     r = client.post("/", {})
     assert (r.status, r.error_code) == (405, "method_not_allowed")
     assert r.headers["content-type"] == "application/json"
@@ -262,7 +262,7 @@ def test_task_runs_list_every_attempt_with_its_agent_and_error(client: Client) -
     assert [x["agent_id"] for x in page["items"]] == ["agent-one"]
     rest = client.get(f"/tasks/{task_id}/runs?limit=1&cursor={page['next_cursor']}").json
     assert [x["agent_id"] for x in rest["items"]] == ["agent-two"]
-    assert client.get(f"/tasks/{unique('nope')}/runs").error_code == "not_found"
+    assert client.get(f"/tasks/{unique('nope')}/runs").error_code == "task_not_found"
     assert client.get(f"/tasks/{task_id}/runs?cursor=x").error_code == "invalid_cursor"
 
 

@@ -286,7 +286,7 @@ def test_head_of_a_missing_task_is_the_same_404_without_a_body(client: Client) -
 def test_get_tasks_bulk_is_a_lookup_of_a_task_named_bulk(client: Client) -> None:
     r = client.get("/tasks/bulk")
     assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.error_code == "task_not_found"
 
 
 # --- empty path segments -----------------------------------------------------------------------

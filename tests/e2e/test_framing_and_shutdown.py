@@ -4,11 +4,13 @@ polls waiting or a stuck worker), no worker outlives its parent, and a port in u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.server import Server, alive, descendants, free_port, granian_workers, server_command
+from tests.server import (
+    Client,
+    Server,
+    alive,
+    descendants,
+    free_port,
+    granian_workers,
+    server_command,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -205,6 +215,126 @@ def test_sigkill_of_the_main_process_alone_leaves_no_worker_serving(server: Serv
         assert _healthy(again)
     finally:
         again.stop()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("NULLTICKETS_BINARY"),
+    reason="the onefile bootstrap is the standalone binary's (make test-binary runs this)",
+)
+def test_a_hung_main_process_does_not_hold_the_binarys_sigterm(server: Server) -> None:
+    """The binary is three processes: the onefile bootstrap (the pid a supervisor knows),
+    granian's main process and its worker. With the main process hung, SIGTERM to the
+    bootstrap still ends all three within the server's own bound."""
+    assert server.proc is not None
+    bootstrap = server.proc.pid
+    processes = [bootstrap, *descendants(bootstrap)]  # children first: granian's main next
+    assert len(processes) == 3, processes
+    main = processes[1]
+    os.kill(main, signal.SIGSTOP)  # hung: it handles nothing, not even SIGTERM
+    try:
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
+        took = time.monotonic() - started
+        assert took < 9, took  # container runtimes kill after 10 s
+        assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
+    finally:
+        if alive(main):
+            os.kill(main, signal.SIGCONT)
+    assert _nothing_serves(server.port)
+    _serves_again(server)
+
+
+def _nothing_serves(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _serves_again(server: Server) -> None:
+    """A new server starts on the port and database and is the only one answering."""
+    again = Server(server.db)
+    again.port = server.port
+    again.start()
+    try:
+        assert _healthy(again)
+    finally:
+        assert again.stop() == 0
+
+
+def test_sighup_to_the_main_process_stops_every_process_of_the_server(server: Server) -> None:
+    """The original exits on SIGHUP; granian alone would respawn its worker and serve on."""
+    assert server.proc is not None
+    processes = [server.proc.pid, *descendants(server.proc.pid)]
+    assert granian_workers(server)
+    os.kill(server.proc.pid, signal.SIGHUP)
+    server.proc.wait(10)
+    assert all(_wait_gone(pid, 5) for pid in processes), server.output()
+    assert _nothing_serves(server.port)
+    assert "Respawning" not in server.output()
+    _serves_again(server)
+
+
+# Starts the server in a process group of its own inside this process's session (a shell's
+# job), prints the server's pid, and exits when its stdin is closed.
+JOB_CONTROL_SHELL = """
+import subprocess, sys
+server = subprocess.Popen(sys.argv[1:], process_group=0, stdout=sys.stderr)
+print(server.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_orphaned_stopped_process_group_ends_on_the_kernels_sighup(server: Server) -> None:
+    """A shell's stopped job whose shell goes away: the kernel sends the job's process group
+    SIGHUP and SIGCONT. The server must end, not serve on with parent pid 1."""
+    port, db = server.port, server.db
+    server.kill()  # the port and database are taken over by the job below
+    serve = [*server_command(), "serve", "--port", str(port), "--db", str(db)]
+    shell = subprocess.Popen(
+        [sys.executable, "-c", JOB_CONTROL_SHELL, *serve],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "NULLTICKETS_HOME": str(db.parent / "home")},
+    )
+    assert shell.stdout is not None and shell.stdin is not None
+    job = int(shell.stdout.readline())
+    processes: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not _healthy_port(port):
+            assert time.monotonic() < deadline, "the job's server did not start"
+            time.sleep(0.05)
+        processes = [job, *descendants(job)]
+        assert len(processes) >= 2
+        os.killpg(job, signal.SIGSTOP)  # Ctrl-Z: the whole job is stopped
+        shell.stdin.close()  # the shell goes: its stopped job is orphaned
+        shell.wait(10)
+        assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
+        assert _nothing_serves(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job, signal.SIGKILL)  # whatever of the job is left (a respawned worker)
+        for pid in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+        shell.stdout.close()
+    _serves_again(server)
+
+
+def _healthy_port(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        client = Client("127.0.0.1", port, timeout=2)
+        try:
+            return client.get("/health").status == 200
+        finally:
+            client.close()
+    return False
 
 
 # --- the port ----------------------------------------------------------------------------------

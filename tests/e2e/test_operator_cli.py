@@ -168,7 +168,7 @@ def test_tasks_show_gives_stage_runs_events_checkpoint_and_failures(
 def test_tasks_show_of_an_unknown_task_is_one_line(shared_server: Server, tmp_path: Path) -> None:
     result = cli(shared_server, "tasks", "show", "no-such-task", home=tmp_path)
     assert result.returncode == 1
-    assert one_line(result) == "the server answered 404 not_found: task not found"
+    assert one_line(result) == "the server answered 404 task_not_found: Task not found."
 
 
 def test_client_commands_send_the_token(make_server: Any, tmp_path: Path) -> None:

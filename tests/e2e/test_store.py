@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
+import msgspec
 import pytest
 
+from nulltickets import aclient
+from nulltickets import client as pyclient
+from nulltickets.domain.model import StoreEntry
 from tests.conftest import unique
-from tests.server import Client
+from tests.server import Client, Server
 
 
 def put(client: Client, ns: str, key: str, value: object) -> None:
@@ -42,6 +47,72 @@ def test_keys_may_hold_slashes_spaces_and_unicode(client: Client) -> None:
         put(client, ns, key, key)
         r = client.get(f"/store/{ns}/{quote(key, safe='')}")
         assert r.status == 200 and r.json["key"] == key and r.json["value"] == key
+
+
+def entries(found: list[StoreEntry]) -> list[tuple[str, str, object]]:
+    return [(e.namespace, e.key, msgspec.json.decode(e.value)) for e in found]
+
+
+def test_a_slash_in_the_namespace_and_one_in_the_key_are_different_entries(
+    shared_server: Server,
+) -> None:
+    team = unique("team")
+    with pyclient.Client(shared_server.base) as api:
+        api.store_put(f"{team}/alpha", "notes", "in the namespace")
+        api.store_put(team, "alpha/notes", "in the key")
+        assert msgspec.json.decode(api.store_get(f"{team}/alpha", "notes").value) == (
+            "in the namespace"
+        )
+        assert msgspec.json.decode(api.store_get(team, "alpha/notes").value) == "in the key"
+        assert entries(api.store_list(f"{team}/alpha")) == [
+            (f"{team}/alpha", "notes", "in the namespace")
+        ]
+        assert entries(api.store_list(team)) == [(team, "alpha/notes", "in the key")]
+        api.store_delete(f"{team}/alpha", "notes")
+        assert entries(api.store_list(team)) == [(team, "alpha/notes", "in the key")]
+        api.store_put(f"{team}/alpha", "notes", "again")
+        api.store_delete_namespace(f"{team}/alpha")
+        assert api.store_list(f"{team}/alpha") == []
+        assert entries(api.store_list(team)) == [(team, "alpha/notes", "in the key")]
+
+
+ODD_NAMES = ["/lead", "trail/", "a//b", "a/b/c", "100%", "%2F", "%252F", "%25", "50%41", "sp ace"]
+
+
+def test_any_namespace_and_key_round_trip_through_the_clients(shared_server: Server) -> None:
+    base = unique("odd")
+    with pyclient.Client(shared_server.base) as api:
+        for i, name in enumerate(ODD_NAMES):
+            api.store_put(f"{base}{name}", name, i)
+        for i, name in enumerate(ODD_NAMES):
+            assert entries(api.store_list(f"{base}{name}")) == [(f"{base}{name}", name, i)]
+
+    async def read_back() -> list[object]:
+        async with aclient.AsyncClient(shared_server.base) as api:
+            await api.store_put(f"{base}/async", "x/y", "async")
+            got = [(await api.store_get(f"{base}{n}", n)).value for n in ODD_NAMES]
+            listed = await api.store_list(f"{base}/async")
+            return [*(msgspec.json.decode(v) for v in got), entries(listed)]
+
+    assert asyncio.run(read_back()) == [
+        *range(len(ODD_NAMES)),
+        [(f"{base}/async", "x/y", "async")],
+    ]
+
+
+def test_a_slash_escaped_twice_stays_in_the_namespace_for_curl_too(client: Client) -> None:
+    """The server sees the path decoded once (granian does that), then splits it and undoes
+    the second escape in each segment: `%252F` is a `/` inside the segment. A key's `/` may
+    still come as `%2F` or as a plain `/` (the key takes the rest of the path)."""
+    team = unique("team")
+    assert client.put(f"/store/{team}%252Falpha/notes", {"value": 1}).status == 204
+    assert client.put(f"/store/{team}/alpha%2Fnotes", {"value": 2}).status == 204
+    got = client.get(f"/store/{team}%252Falpha").json
+    assert [(e["namespace"], e["key"], e["value"]) for e in got] == [(f"{team}/alpha", "notes", 1)]
+    got = client.get(f"/store/{team}").json
+    assert [(e["namespace"], e["key"], e["value"]) for e in got] == [(team, "alpha/notes", 2)]
+    assert client.get(f"/store/{team}/alpha/notes").json["value"] == 2
+    assert client.get(f"/store/{team}/alpha%252Fnotes").json["value"] == 2
 
 
 def test_list_is_ordered_by_key_and_unknown_namespace_is_empty(client: Client) -> None:

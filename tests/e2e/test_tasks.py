@@ -657,18 +657,53 @@ def test_details_show_the_assignment_history_without_task_id(client: Client) -> 
     assert all("task_id" not in a for a in assignments)
 
 
-def test_get_unknown_task_is_404_not_found(client: Client) -> None:
+def test_get_unknown_task_is_404_task_not_found(client: Client) -> None:
     r = client.get(f"/tasks/{MISSING}")
     assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.error_code == "task_not_found"
 
 
-@pytest.mark.parametrize("task", ["never-ran", "unknown"])
-def test_run_state_is_404_for_a_task_that_never_ran(client: Client, task: str) -> None:
+@pytest.mark.parametrize(
+    ("task", "code"), [("never-ran", "not_found"), ("unknown", "task_not_found")]
+)
+def test_run_state_is_404_for_a_task_that_never_ran(client: Client, task: str, code: str) -> None:
     task_id = new_task(client, create_pipeline(client)) if task == "never-ran" else MISSING
     r = client.get(f"/tasks/{task_id}/run-state")
     assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.error_code == code
+
+
+# Every route that names a task in its path, with a body it accepts.
+TASK_ROUTES = [
+    ("GET", "/tasks/{id}", None),
+    ("GET", "/tasks/{id}/run-state", None),
+    ("GET", "/tasks/{id}/checkpoint", None),
+    ("GET", "/tasks/{id}/runs", None),
+    ("GET", "/tasks/{id}/events", None),
+    ("POST", "/tasks/{id}/requeue", {}),
+    ("POST", "/tasks/{id}/cancel", {}),
+    ("POST", "/tasks/{id}/dependencies", {"depends_on_task_id": "other"}),
+    ("POST", "/tasks/{id}/assignments", {"agent_id": "ann"}),
+    ("DELETE", "/tasks/{id}/assignments/ann", None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), TASK_ROUTES)
+def test_a_missing_task_is_404_task_not_found_on_every_route(
+    client: Client, method: str, path: str, body: dict[str, str] | None
+) -> None:
+    r = client.request(method, path.format(id=unique("missing")), body)
+    assert (r.status, r.error_code) == (404, "task_not_found"), r.body
+
+
+def test_every_route_naming_a_task_is_covered() -> None:
+    from nulltickets.http.routes import ROUTES
+
+    named = {(r.method, r.pattern) for r in ROUTES if r.pattern.startswith("/tasks/{id}")}
+    lists = {("GET", "/tasks/{id}/dependencies"), ("GET", "/tasks/{id}/assignments")}
+    covered = {(m, p.replace("/ann", "/{agent_id+}")) for m, p, _ in TASK_ROUTES}
+    # The two lists answer [] for an unknown task, as the original's do (contract 12.5, 12.7).
+    assert named - lists == covered
 
 
 # --- dependencies route ------------------------------------------------------------------------
@@ -822,8 +857,15 @@ def test_unassigning_deactivates_and_a_second_unassign_is_404(client: Client) ->
     assert again.error_code == "not_found"
 
 
-@pytest.mark.parametrize("target", ["unknown-task", "unknown-agent", "inactive-agent"])
-def test_unassigning_without_an_active_row_is_404_not_found(client: Client, target: str) -> None:
+@pytest.mark.parametrize(
+    ("target", "code"),
+    [
+        ("unknown-task", "task_not_found"),
+        ("unknown-agent", "not_found"),
+        ("inactive-agent", "not_found"),
+    ],
+)
+def test_unassigning_without_an_active_row_is_404(client: Client, target: str, code: str) -> None:
     task_id = new_task(client, create_pipeline(client), assigned_agent_id="ann")
     assert assign(client, task_id, "bob").status == 201
     path = {
@@ -833,7 +875,7 @@ def test_unassigning_without_an_active_row_is_404_not_found(client: Client, targ
     }[target]
     r = client.delete(path)
     assert r.status == 404
-    assert r.error_code == "not_found"
+    assert r.error_code == code
     assert [a["active"] for a in client.get(f"/tasks/{task_id}/assignments").json] == [False, True]
 
 

@@ -154,8 +154,13 @@ def test_explicit_config_path_anchors_db_to_its_own_directory(
     assert build_settings(Flags(config=str(cfg)), env).db == str(tmp_path / "elsewhere" / "x.db")
 
 
-@pytest.mark.parametrize("db", [":memory:", "file:t.db?mode=memory"])
-def test_sqlite_special_names_stay_as_written(db: str, home: Path, env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "db",
+    [":memory:", "file:t.db?mode=memory", "postgresql://u:pw@h/db", "postgres://h:5433/db"],
+)
+def test_sqlite_special_names_and_postgresql_urls_stay_as_written(
+    db: str, home: Path, env: dict[str, str]
+) -> None:
     write(home / "config.json", {"db": db})
     assert build_settings(Flags(), env).db == db
 

@@ -10,6 +10,7 @@ import pytest
 
 from nulltickets.errors import StartupError
 from nulltickets.storage import factory
+from nulltickets.storage.dsn import redact
 
 
 def test_paths_and_file_uris_are_sqlite_and_urls_are_postgresql() -> None:
@@ -26,6 +27,40 @@ def test_a_url_is_shown_without_its_password() -> None:
         "postgresql://db.example/tickets"
     )
     assert factory.display_name("t.db") == "t.db"
+
+
+@pytest.mark.parametrize(
+    ("target", "shown", "secrets"),
+    [
+        (
+            "postgresql://u@h/db?password=p%40ss&sslmode=x",
+            "postgresql://u@h/db?password=***&sslmode=x",
+            ["p%40ss", "p@ss"],
+        ),
+        (
+            "postgres://:pw@h/db?sslpassword=key",
+            "postgres://:***@h/db?sslpassword=***",
+            ["key", "pw"],
+        ),
+        ("postgresql://u:p@ss@h:1/db", "postgresql://u:***@h:1/db", ["p@ss"]),
+        ("postgresql://h:5432/db", "postgresql://h:5432/db", []),
+        ("host=h password='a b' dbname=x", "host=h password=*** dbname=x", ["'a b'", "a b"]),
+        ("postgresql://u:SECRET@[::1/db", "postgresql://u:***@[::1/db", ["SECRET"]),
+    ],
+)
+def test_every_form_of_a_password_is_found_and_hidden(
+    target: str, shown: str, secrets: list[str]
+) -> None:
+    assert factory.display_name(target) == shown
+    assert sorted(factory.secrets_of(target)) == sorted(secrets)
+
+
+def test_redact_takes_a_password_out_of_a_drivers_message() -> None:
+    url = "postgresql://u:p%zzSECRET@127.0.0.1:1/db"
+    assert redact('invalid percent-encoded token: "p%zzSECRET"', url) == (
+        'invalid percent-encoded token: "***"'
+    )
+    assert redact(f"bad URI: {url}", url) == "bad URI: postgresql://u:***@127.0.0.1:1/db"
 
 
 def test_check_database_migrates_and_leaves_nothing_open(tmp_path: Path) -> None:

@@ -116,3 +116,19 @@ def test_the_binary_carries_the_native_wal_sync_threads_when_they_were_built(
     ) == sorted(built)
     cmd = binary.nuitka_command(tmp_path / "nt", tmp_path, staged, "linux", "0", "x", 1)
     assert ("--include-module=nulltickets._cext.walsync" in cmd) == bool(built)
+
+
+def test_the_onefile_bootstrap_waits_only_as_long_as_the_servers_own_shutdown(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the binary reaches granian's main process through the onefile bootstrap,
+    which kills it after its grace time: a hung main process must not hold the binary for
+    longer than the server's own bounded shutdown (and container runtimes' 10 s)."""
+    from nulltickets import launch
+
+    binary = load_build_binary()
+    cmd = binary.nuitka_command(tmp_path / "nt", tmp_path, tmp_path, "linux", "0", "x", 1)
+    (grace,) = [a for a in cmd if a.startswith("--onefile-child-grace-time=")]
+    grace_ms = int(grace.split("=", 1)[1])
+    assert launch.WORKER_KILL_TIMEOUT_S < launch.MAIN_SHUTDOWN_DEADLINE_S
+    assert launch.MAIN_SHUTDOWN_DEADLINE_S * 1000 < grace_ms < 10_000

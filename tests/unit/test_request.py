@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from nulltickets.errors import InvalidCursor, InvalidLimit
-from nulltickets.http.request import Request, parse_query
+from nulltickets.http.request import Request, parse_query, split_path
 from nulltickets.http.routes import ROUTES, Auth, Router, gate
 
 
@@ -109,3 +109,22 @@ def authorized(value: str | None) -> Request:
 )
 def test_the_bearer_scheme_word_is_taken_in_any_case(value: str | None, token: str | None) -> None:
     assert authorized(value).bearer() == token
+
+
+def test_the_path_is_split_before_the_second_escape_is_undone() -> None:
+    # What granian hands over for /store/team%252Falpha/notes and /store/team/alpha%252Fnotes.
+    assert split_path("/store/team%2Falpha/notes") == ["store", "team/alpha", "notes"]
+    assert split_path("/store/team/alpha%2fnotes") == ["store", "team", "alpha/notes"]
+    assert split_path("//store//a%25b%2541/") == ["store", "a%b%41"]
+    assert split_path("/store/100%/%zz/%2") == ["store", "100%", "%zz", "%2"]
+    assert split_path("/store/%252F") == ["store", "%2F"]  # one pass: %25 then a literal 2F
+
+
+@pytest.mark.parametrize("name", ["a/b", "/lead", "trail/", "a//b", "%", "%2F", "%25", "%41", "é"])
+def test_a_client_segment_arrives_whole(name: str) -> None:
+    from urllib.parse import unquote
+
+    from nulltickets.client import Calls
+
+    path = Calls.store_get(name, name).path
+    assert split_path(unquote(path)) == ["store", name, name]

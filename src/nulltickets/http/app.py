@@ -27,13 +27,14 @@ from nulltickets.http import ui
 from nulltickets.http.errors import EXTRA_HEADERS, error_headers, error_response
 from nulltickets.http.handlers import Context, check_admin
 from nulltickets.http.origins import OriginGuard
-from nulltickets.http.request import Request
+from nulltickets.http.request import Request, split_path
 from nulltickets.http.response import STREAMED, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
 from nulltickets.http.sse import StreamHub
+from nulltickets.lifetime import STOP_SIGNALS, exit_after
 from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
-from nulltickets.storage.factory import open_database
+from nulltickets.storage.factory import open_database, secrets_of
 
 log = logging.getLogger("nulltickets")
 
@@ -100,14 +101,15 @@ class App:
             self.ctx = None
 
     def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGTERM/SIGINT first answer the waiting long-polls (204), then start granian's own
-        graceful stop, which finishes the requests in flight; __rsgi_del__ then commits what
-        is queued. Without this, a long-poll held the worker for up to its 30 s wait."""
+        """SIGTERM, SIGINT and SIGHUP first answer the waiting long-polls (204), then start
+        granian's own graceful stop, which finishes the requests in flight; __rsgi_del__ then
+        commits what is queued. Without this, a long-poll held the worker for up to its 30 s
+        wait."""
         stop = _granian_stop[0]
         if stop is None:
             return
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self._begin_shutdown)
         except (NotImplementedError, RuntimeError):  # Windows: granian's own handlers stay
             return
@@ -121,7 +123,7 @@ class App:
         stop = _granian_stop[0]
         if stop is not None:
             stop.set()
-        _exit_after(SHUTDOWN_DEADLINE_S)
+        exit_after(SHUTDOWN_DEADLINE_S)
 
     async def _maintain(self) -> None:
         """Expire overdue leases promptly (not only when someone claims) and drop old
@@ -187,7 +189,7 @@ class App:
         path: str = scope.path
         # Before anything else: a page of another origin, or a renamed server, gets nothing.
         self.guard.check(scope.headers, scope.scheme, scope.method, path)
-        segments = [s for s in path.split("/") if s]
+        segments = split_path(path)
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto
         req.scheme = scope.scheme
@@ -291,32 +293,15 @@ def _watch_parent(loop: asyncio.AbstractEventLoop, shutdown: Any) -> None:
         log.warning("the server's main process (pid %d) is gone: shutting down", parent)
         with contextlib.suppress(RuntimeError):  # the loop is already closed
             loop.call_soon_threadsafe(shutdown)
-        _exit_after(SHUTDOWN_DEADLINE_S)
+        exit_after(SHUTDOWN_DEADLINE_S)
 
     threading.Thread(target=watch, name="nulltickets-parent-watch", daemon=True).start()
-
-
-_exiting = threading.Event()
-
-
-def _exit_after(seconds: float) -> None:
-    """The last resort of a shutdown: if the worker has not exited by then (a request that
-    never ends, a stuck call), it leaves without waiting further."""
-    if _exiting.is_set():
-        return
-    _exiting.set()
-
-    def leave() -> None:
-        time.sleep(seconds)
-        log.warning("shutdown took longer than %.1f s: exiting now", seconds)
-        os._exit(1)
-
-    threading.Thread(target=leave, name="nulltickets-exit-deadline", daemon=True).start()
 
 
 def load_app(target: str = "") -> App:
     """granian's target loader: runs inside the worker, configured through the environment."""
     _catch_granian_stop()
     settings = Settings.from_env()
+    logs.hide(*secrets_of(settings.db))
     logs.configure(settings.log_format, settings.log_level)
     return App(settings)

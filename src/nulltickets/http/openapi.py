@@ -77,6 +77,13 @@ def _collect_types() -> list[Any]:
     return types
 
 
+# The server sees the path percent-decoded once before it splits it (http/request.py).
+PATH_PARAMETER = (
+    "Percent-encoded; a `/` or `%` inside the value is escaped first (`%2F`, `%25`), so it is "
+    "sent as `%252F` or `%2525`."
+)
+
+
 def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": _operation_id(route),
@@ -84,7 +91,13 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         "tags": [route.tag] if route.tag else [],
     }
     params = [
-        {"name": p.strip("{+}"), "in": "path", "required": True, "schema": {"type": "string"}}
+        {
+            "name": p.strip("{+}"),
+            "in": "path",
+            "required": True,
+            "description": PATH_PARAMETER,
+            "schema": {"type": "string"},
+        }
         for p in route.parts
         if p.startswith("{")
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote_plus
@@ -17,6 +18,25 @@ def _int64(text: str) -> int:
     if not -(2**63) <= value < 2**63:
         raise ValueError(text)
     return value
+
+
+# granian hands the application the path already percent-decoded once, so `%2F` has become a
+# separator before the path is split. What a client means to keep inside one segment it encodes
+# twice: `/` as `%252F`, `%` as `%2525`, which arrive here as `%2F` and `%25`.
+_ESCAPED = re.compile("%(2[fF]|25)")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return "%" if match.group(1) == "25" else "/"
+
+
+def split_path(path: str) -> list[str]:
+    """The path's non-empty segments, split first, then `%2F` -> `/` and `%25` -> `%` inside
+    each: a namespace `team/alpha` (sent as `team%252Falpha`) stays one segment."""
+    segments = [s for s in path.split("/") if s]
+    if "%" in path:
+        segments = [_ESCAPED.sub(_unescape, s) for s in segments]
+    return segments
 
 
 def parse_query(query_string: str) -> dict[str, str]:

@@ -239,7 +239,7 @@ ROUTES: tuple[Route, ...] = (
         h.get_task,
         "A task with its latest run, dependencies, assignments and available transitions.",
         response=model.TaskDetails,
-        errors=(e.NotFound,),
+        errors=(e.TaskNotFound,),
         tag="tasks",
     ),
     Route(
@@ -293,7 +293,7 @@ ROUTES: tuple[Route, ...] = (
         "Every run of the task, oldest attempt first (order=desc: newest first): who claimed "
         "it (agent_id, agent_role), when, how it ended and the error it reported.",
         response=model.TaskRunPage,
-        errors=(e.NotFound, e.InvalidLimit, e.InvalidCursor, e.InvalidRequest),
+        errors=(e.TaskNotFound, e.InvalidLimit, e.InvalidCursor, e.InvalidRequest),
         query=(
             Query("order", "asc (the default): oldest attempt first; desc: newest first."),
             *PAGE,
@@ -307,7 +307,7 @@ ROUTES: tuple[Route, ...] = (
         h.run_state,
         "The task's current or latest run id.",
         response=h.RunStateBody,
-        errors=(e.NotFound,),
+        errors=(e.TaskNotFound, e.NotFound),
         tag="tasks",
     ),
     Route(
@@ -360,7 +360,7 @@ ROUTES: tuple[Route, ...] = (
         h.unassign,
         "End the agent's active assignment.",
         response=h.StatusBody,
-        errors=(e.NotFound,),
+        errors=(e.TaskNotFound, e.NotFound),
         tag="tasks",
     ),
     Route(
@@ -486,7 +486,7 @@ ROUTES: tuple[Route, ...] = (
         h.get_checkpoint,
         "The task's checkpoint, fence and earlier failures.",
         response=model.TaskCheckpoint,
-        errors=(e.NotFound,),
+        errors=(e.TaskNotFound,),
         extra=True,
         tag="tasks",
     ),

@@ -13,9 +13,11 @@ here).
 from __future__ import annotations
 
 import importlib
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
 
 from nulltickets.errors import StartupError
+from nulltickets.storage.dsn import display_name as display_name
+from nulltickets.storage.dsn import secrets_of as secrets_of
 from nulltickets.storage.ports import Capabilities, Database
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -36,20 +38,6 @@ def engine_description(target: str) -> str:
     from nulltickets.storage.sqlite import connection
 
     return f"SQLite {connection.sqlite_version()} ({' '.join(connection.sqlite_options())})"
-
-
-def display_name(target: str) -> str:
-    """The target as logs and the start-up line may show it: without a URL's password."""
-    if not is_postgres(target):
-        return target
-    parts = urlsplit(target)
-    if parts.password is None:
-        return target
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 def make_database(target: str, *, durability: str = "full", readers: int = 4) -> Database:
@@ -82,9 +70,21 @@ def check_database(target: str, *, durability: str = "full") -> Capabilities:
         database.close()
 
 
+def inspect_postgres(url: str) -> Any:
+    """`nulltickets doctor` on the PostgreSQL database at `url`: a PostgresDoctorReport
+    (storage/postgres/maintenance.py)."""
+    return _postgres_module("maintenance").inspect(url)
+
+
 def _postgres(url: str, *, durability: str, readers: int) -> Database:
+    module = _postgres_module("database")
+    database: Database = module.PostgresDatabase(url, durability=durability, readers=readers)
+    return database
+
+
+def _postgres_module(name: str) -> Any:
     try:
-        module = importlib.import_module("nulltickets.storage.postgres.database")
+        return importlib.import_module(f"nulltickets.storage.postgres.{name}")
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing.split(".")[0] in _DRIVERS:
@@ -94,5 +94,3 @@ def _postgres(url: str, *, durability: str, readers: int) -> Database:
         if missing.startswith("nulltickets.storage.postgres"):
             raise StartupError("this build of nulltickets has no PostgreSQL backend") from None
         raise
-    database: Database = module.PostgresDatabase(url, durability=durability, readers=readers)
-    return database

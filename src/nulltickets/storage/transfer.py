@@ -79,7 +79,7 @@ def copy_sqlite_to_postgres(
     import psycopg
     from psycopg import sql
 
-    from nulltickets.storage.factory import display_name
+    from nulltickets.storage.dsn import display_name, redact
     from nulltickets.storage.postgres.database import PostgresDatabase
     from nulltickets.storage.sqlite import connection
     from nulltickets.storage.sqlite.database import SqliteDatabase
@@ -103,7 +103,7 @@ def copy_sqlite_to_postgres(
             dst.commit()
         return Copied(counts)
     except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0], target)
         raise TransferError(f"copy into {where} failed, nothing was written: {first}") from None
     except apsw.Error as exc:
         raise TransferError(f"cannot read {source}: {exc}") from None

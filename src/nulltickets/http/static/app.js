@@ -74,6 +74,9 @@ function ago(ms) {
 }
 const when = (ms) => (ms ? new Date(ms).toLocaleString() : "–");
 const short = (id) => (id ? id.slice(-8) : "");
+// A path segment that arrives whole: the server's HTTP layer decodes the path once before it is
+// split, so "/" and "%" inside a segment are escaped first ("%2F", "%25"), then encoded.
+const segment = (text) => encodeURIComponent(text.replaceAll("%", "%25").replaceAll("/", "%2F"));
 const taskLink = (id, text) => h("a", { href: `/ui/task/${encodeURIComponent(id)}` }, text || short(id));
 
 function setMain(...nodes) {
@@ -641,7 +644,7 @@ async function storeRead() {
     if (ns) params.set("namespace", ns);
     hits = await get("/store/search?" + params);
   }
-  if (ns) entries = await get(`/store/${encodeURIComponent(ns)}`);
+  if (ns) entries = await get(`/store/${segment(ns)}`);
   return { names, hits, entries };
 }
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
@@ -44,6 +43,7 @@ from nulltickets.errors import (
     StorageReadOnly,
     StorageUnavailable,
 )
+from nulltickets.storage.dsn import display_name, redact
 from nulltickets.storage.ports import Capabilities, StorageStats
 from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
 from nulltickets.storage.postgres.migrate import migrate, migrations
@@ -79,18 +79,6 @@ _UNIQUE_CODES: dict[str, Callable[[], Exception]] = {
     "pipelines_name_key": lambda: DuplicateName("a pipeline of that name already exists"),
     "task_dependencies_pkey": DuplicateDependency,
 }
-
-
-def display_url(url: str) -> str:
-    """The URL as logs and errors may show it: without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -192,16 +180,16 @@ class PostgresDatabase:
         return kwargs
 
     def open(self) -> None:
-        where = display_url(self.url)
+        where = display_name(self.url)
         try:
             with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
                 migrate(c)
         except StartupError:
             raise
         except psycopg.Error as exc:
-            raise StartupError(
-                f"cannot open PostgreSQL database {where}: {_first_line(exc)}"
-            ) from None
+            # libpq may quote the URL, or the password alone, in its message.
+            reason = redact(_first_line(exc), self.url)
+            raise StartupError(f"cannot open PostgreSQL database {where}: {reason}") from None
 
         def reader(conn: psycopg.Connection[Any]) -> None:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

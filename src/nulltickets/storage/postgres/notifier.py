@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from nulltickets.storage.backend import Backend
+from nulltickets.storage.dsn import redact
 from nulltickets.storage.ports import EVERY_ROLE, Wake
 from nulltickets.storage.postgres.backend import PostgresBackend, Q
 
@@ -160,7 +161,8 @@ class PostgresNotifier:
                             self._deliver(parse_payload(note.payload))
             except psycopg.Error as exc:
                 if self.connected.is_set():
-                    log.warning("lost the notification connection to PostgreSQL: %s", exc)
+                    reason = redact(str(exc), self.url)
+                    log.warning("lost the notification connection to PostgreSQL: %s", reason)
                 self.connected.clear()
                 first = False
                 self._stopping.wait(delay)

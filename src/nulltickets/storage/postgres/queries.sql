@@ -803,6 +803,40 @@ SELECT version FROM nulltickets_schema ORDER BY version;
 -- schema_record --
 INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);
 
+-- doctor_server --
+-- maintenance.py (`nulltickets doctor`): the server and this database as its session sees them.
+SELECT
+    current_setting('server_version') AS server_version,
+    current_setting('server_version_num')::INTEGER AS server_version_num,
+    pg_database_size(current_database()) AS size_bytes,
+    pg_is_in_recovery() OR current_setting('default_transaction_read_only') = 'on' AS read_only,
+    coalesce(has_schema_privilege(current_schema(), 'CREATE'), FALSE) AS can_create,
+    to_regclass('nulltickets_schema') IS NOT NULL AS migrated,
+    (
+        SELECT count(*)
+        FROM pg_tables
+        WHERE schemaname = current_schema()
+    ) AS tables;
+
+-- doctor_sessions --
+-- maintenance.py: the other client sessions on this database (servers, migrations, people).
+SELECT count(*)
+FROM pg_stat_activity
+WHERE datname = current_database()
+    AND pid <> pg_backend_pid()
+    AND backend_type = 'client backend';
+
+-- doctor_invalid_indexes --
+-- maintenance.py: indexes PostgreSQL will not use (an interrupted CREATE INDEX CONCURRENTLY, a
+-- failed REINDEX): what doctor reports where SQLite's integrity_check would find damage.
+SELECT c.relname
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE NOT i.indisvalid
+    AND n.nspname = current_schema()
+ORDER BY c.relname;
+
 -- events_feed --
 -- Run events after :after_id across every run (the live stream reads this once per commit for
 -- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
