@@ -120,6 +120,19 @@ class Unauthorized(TrackerError):
     code = "unauthorized"
 
 
+class Forbidden(TrackerError):
+    """Not allowed."""
+
+    code = "forbidden"
+
+
+class KeysNeedToken(TrackerError):
+    """Keys need a server started with --token: without one every request is admitted, and a
+    key would restrict nothing."""
+
+    code = "keys_need_token"
+
+
 class LeaseExpired(TrackerError):
     """Lease has expired."""
 

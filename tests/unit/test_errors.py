@@ -21,7 +21,7 @@ def all_error_classes() -> list[type[errors.TrackerError]]:
 
 @pytest.mark.parametrize("cls", all_error_classes(), ids=lambda c: c.__name__)
 def test_every_error_class_maps_to_a_status_and_has_a_code(cls: type[errors.TrackerError]) -> None:
-    assert status_of(cls()) in {400, 401, 404, 408, 409, 410, 413, 500, 503, 507}
+    assert status_of(cls()) in {400, 401, 403, 404, 408, 409, 410, 413, 500, 503, 507}
     assert cls.code and cls.code == cls.code.lower()
     assert cls.__doc__, "the docstring is the default message"
 

@@ -6,7 +6,8 @@ the long-polling claims are woken); the hub then reads the new events once, for 
 and hands each stream the ones its filters let through. A stream that resumes (the
 `Last-Event-ID` header, or the `last_event_id` query parameter a browser's first request can
 carry) first replays what it missed from the database, then joins the live feed exactly where
-that replay ends.
+that replay ends. A stream opened with a key ends, at its next event or heartbeat, once the key
+is revoked.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import asyncio
 import contextlib
 import os
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from nulltickets.domain.model import FeedEvent
-from nulltickets.errors import InvalidCursor
+from nulltickets.errors import InvalidCursor, Unauthorized
 from nulltickets.http.request import Request
 from nulltickets.http.response import EVENT_STREAM, STREAMED
 from nulltickets.service import Recorded as Reply
@@ -181,6 +183,13 @@ class StreamHub:
         return found
 
 
+async def _key_alive(ctx: Context, key_id: str) -> bool:
+    try:
+        return await ctx.service.key_by_id(key_id) is not None
+    except Unauthorized:  # confirmed gone inside the read itself (Service.speaking_with)
+        return False
+
+
 def _resolve(future: asyncio.Future[bool], beat: bool = False) -> None:
     if not future.done():
         future.set_result(beat)
@@ -225,8 +234,10 @@ async def stream(ctx: Context, req: Request) -> Reply:
             ],
         )
         gone = asyncio.ensure_future(req.disconnected())
+        key_id = req.principal.key_id if req.principal is not None else None
+        alive = None if key_id is None else (lambda: _key_alive(ctx, key_id))
         try:
-            await _serve(hub, client, transport, backlog, gone, resume or 0)
+            await _serve(hub, client, transport, backlog, gone, resume or 0, alive)
         finally:
             gone.cancel()
     finally:
@@ -241,9 +252,11 @@ async def _serve(
     backlog: list[FeedEvent],
     gone: asyncio.Future[Any],
     sent: int,
+    alive: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Send the backlog, then live events; `sent` is the id the client has seen up to (the
-    live feed may still hand out events up to it that the replay already covered)."""
+    live feed may still hand out events up to it that the replay already covered). `alive`,
+    asked at each wake-up: whether the stream's key still exists."""
     loop = asyncio.get_running_loop()
     gone.add_done_callback(client.on_gone)
     with contextlib.suppress(Exception):  # the client went away mid-write
@@ -267,5 +280,7 @@ async def _serve(
             finally:
                 timer.cancel()
                 client.waiter = None
+            if alive is not None and not await alive():
+                return  # its key was revoked
             if beat and not hub.closing and not gone.done():
                 await transport.send_bytes(b": heartbeat\n\n")

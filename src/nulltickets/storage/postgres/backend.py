@@ -62,6 +62,8 @@ class PostgresBackend(Backend):
         self.writing = writing
         # Wake-ups of this unit of work, sent in one pg_notify just before its COMMIT.
         self.notifications: list[tuple[str, int]] = []
+        # Keys this unit of work revoked, told to every server at its COMMIT.
+        self.revoked: list[str] = []
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
@@ -94,9 +96,15 @@ class PostgresBackend(Backend):
     def notify(self, role: str, at_ms: int) -> None:
         self.notifications.append((role, at_ms))
 
+    def revoke(self, key_id: str) -> None:
+        self.revoked.append(key_id)
+
     def send_notifications(self) -> None:
-        """One pg_notify with every wake-up of the unit of work (PostgreSQL delivers it at
-        COMMIT, and not at all after a rollback)."""
+        """One pg_notify with every wake-up of the unit of work, one per revoked key
+        (PostgreSQL delivers them at COMMIT, and not at all after a rollback)."""
+        for key_id in dict.fromkeys(self.revoked):
+            self._exec("notify_key_revoked", {"key_id": key_id})
+        self.revoked.clear()
         if not self.notifications:
             return
         lines = dict.fromkeys(f"{role}\t{at}" for role, at in self.notifications)
