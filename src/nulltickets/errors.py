@@ -127,8 +127,7 @@ class Forbidden(TrackerError):
 
 
 class KeysNeedToken(TrackerError):
-    """Keys need a server started with --token: without one every request is admitted, and a
-    key would restrict nothing."""
+    """Keys need a server started with --token (without one, every request is admitted)."""
 
     code = "keys_need_token"
 

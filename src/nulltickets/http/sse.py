@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -119,7 +120,9 @@ class StreamHub:
             return
         self._fetching = True
         assert self._loop is not None
-        self._loop.create_task(self._fetch())
+        # In a context of its own: the read is every stream's, not the request's that woke it
+        # (a request made with a key has its units of work confirm it: Service.speaking_with).
+        self._loop.create_task(self._fetch(), context=contextvars.Context())
 
     async def _fetch(self) -> None:
         try:
