@@ -150,9 +150,10 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     # One bearer scheme. The document's own security, ADMIN_SECURITY, covers the gated routes
     # (the admin token or a key with an access in x-access, needed only when the server has a
     # token: reading a run's events takes those or the lease token then). Writes under a lease
-    # need the lease token; ungated routes take none. Generators such as openapi-python-client read only an operation's
-    # own security, and take any non-empty one as "a token is required": so the admin routes
-    # inherit theirs and a generated client calls them with or without a token.
+    # need the lease token; ungated routes take none. Generators such as openapi-python-client
+    # read only an operation's own security, and take any non-empty one as "a token is
+    # required": so the gated routes inherit theirs and a generated client calls them with or
+    # without a token.
     if route.auth is Auth.LEASE and route.method != "GET":
         op["security"] = LEASE_SECURITY
     elif route.auth is Auth.NONE:
