@@ -22,6 +22,7 @@ POSTGRES_ONLY = {
     "schema_versions": "migrate.py: which migrations are applied",
     "schema_record": "migrate.py: record an applied migration",
     "notify": "notifier.py: the wake-ups of a unit of work, sent with its COMMIT",
+    "notify_key_revoked": "notifier.py: a revoked key, told to every server with its COMMIT",
     "listen": "notifier.py: the listening connection of each process",
     "lock_lease_by_run": "lease_by_run in a write: lease-protected writes on one lease in turn",
     "lock_lease_by_id": "lease_by_id in a write (the same)",
