@@ -6,7 +6,8 @@ says which access it needs (Route.needs: reads need `read`, the writes agents ma
 everything else `admin`), and an `agent` key claims only for its roles. A wrong token or key
 is 401 and slows its sender down (slowdown.py); a known key without the access is 403. On a
 server without a token nothing is checked here: every request is admitted, as before keys
-(keys need a token: POST /keys says so). Lease routes take the lease token, never a key.
+(keys need a token: POST /keys says so). Writes under a lease take the lease token, never a
+key (reading a run's events takes either).
 """
 
 from __future__ import annotations
