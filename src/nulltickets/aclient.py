@@ -35,12 +35,14 @@ from nulltickets.domain.model import (
     BulkOutcome,
     CheckpointResult,
     ClaimResult,
+    CreatedKey,
     Dependency,
     EventPage,
     FailingReport,
     FailureGroups,
     FailurePage,
     Health,
+    KeyInfo,
     NamespacePage,
     Pipeline,
     QueueReport,
@@ -618,6 +620,23 @@ class AsyncClient:
         self, run_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> SpanPage:
         return await self.run(Calls.list_spans(run_id, limit=limit, cursor=cursor))
+
+    # --- keys (admin) --------------------------------------------------------------------------
+
+    async def create_key(
+        self, name: str, access: str, roles: list[str] | None = None
+    ) -> CreatedKey:
+        """Make a key (`access`: read, agent or admin; an agent key needs `roles`). Its
+        `key` is in this answer only."""
+        return await self.run(Calls.create_key(name, access, roles))
+
+    async def list_keys(self) -> list[KeyInfo]:
+        """Every key, without the key itself."""
+        return await self.run(Calls.list_keys())
+
+    async def revoke_key(self, key_id: str) -> KeyInfo:
+        """Revoke a key: every server refuses it from now on."""
+        return await self.run(Calls.revoke_key(key_id))
 
 
 async def _read_response(

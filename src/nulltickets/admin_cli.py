@@ -1,5 +1,5 @@
 """The operator's commands against a running server: look at tasks, revive or cancel them,
-follow a run.
+follow a run, make and revoke keys.
 
     nulltickets tasks list [--state dead|cancelled|failing] [--stage S] [--pipeline P]
                            [--role R] [--limit N] [--json]
@@ -7,6 +7,9 @@ follow a run.
     nulltickets tasks requeue ID [--stage S] [--reset-attempts] [--reason TEXT]
     nulltickets tasks cancel ID [--reason TEXT]
     nulltickets runs tail RUN_ID [--json]
+    nulltickets keys create --name N --access read|agent|admin [--role R ...] [--json]
+    nulltickets keys list [--json]
+    nulltickets keys revoke ID
 
 Each talks HTTP through nulltickets.client.Client (see remote.py for --base and --token).
 """
@@ -24,8 +27,11 @@ import msgspec
 from nulltickets import remote
 from nulltickets.client import Client
 from nulltickets.domain.model import (
+    Access,
+    CreatedKey,
     Event,
     FailedTask,
+    KeyInfo,
     Task,
     TaskDetails,
     TaskEvent,
@@ -131,6 +137,56 @@ def register(commands: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per event")
     remote.add_client_options(p)
     p.set_defaults(func=runs_tail)
+
+    keys = commands.add_parser(
+        "keys",
+        help="make, list or revoke the keys of a running server",
+        description="Keys beside the server's --token: read (sees everything, changes "
+        "nothing), agent (claims for its roles and makes the writes agents make) or admin. "
+        "These commands need the --token (or an admin key).",
+    )
+    verbs = keys.add_subparsers(dest="verb", metavar="{create,list,revoke}", required=True)
+    p = verbs.add_parser(
+        "create",
+        help="make a key and print it (the only time it is shown)",
+        description="Make a key (POST /keys) and print it on stdout, alone on its line: the "
+        "server keeps only its hash, so this is the only time it is shown.",
+    )
+    p.add_argument("--name", required=True, help="what the key is for (e.g. the agent's host)")
+    p.add_argument(
+        "--access",
+        required=True,
+        choices=[a.value for a in Access],
+        help="read, agent or admin",
+    )
+    p.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="R",
+        help="an agent role the key may claim for (agent keys; repeat for more)",
+    )
+    p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+    remote.add_client_options(p)
+    p.set_defaults(func=keys_create)
+
+    p = verbs.add_parser(
+        "list",
+        help="every key: id, name, access, roles (never the key itself)",
+        description="List the keys (GET /keys): never the key itself.",
+    )
+    p.add_argument("--json", action="store_true", help="a JSON array of keys, for scripts")
+    remote.add_client_options(p)
+    p.set_defaults(func=keys_list)
+
+    p = verbs.add_parser(
+        "revoke",
+        help="revoke a key: refused at once, on every server",
+        description="Revoke a key (DELETE /keys/{id}): every server refuses it from now on.",
+    )
+    p.add_argument("key_id", metavar="ID", help="the key's id (see keys list)")
+    remote.add_client_options(p)
+    p.set_defaults(func=keys_revoke)
 
 
 # --- fetching ----------------------------------------------------------------------------------
@@ -417,3 +473,49 @@ def runs_tail(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return 130
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def _key_summary(key: KeyInfo | CreatedKey) -> str:
+    roles = f", roles {', '.join(key.roles)}" if key.roles else ""
+    return f"{key.id} ({key.name}: {key.access}{roles})"
+
+
+def key_table(keys: list[KeyInfo]) -> str:
+    header = ("ID", "ACCESS", "CREATED", "ROLES", "NAME")
+    rows = [
+        (k.id, k.access.value, when(k.created_at_ms), ",".join(k.roles) or "-", k.name)
+        for k in keys
+    ]
+    return _table(header, rows)
+
+
+def keys_create(args: argparse.Namespace) -> int:
+    with remote.connect(args) as api:
+        made = api.create_key(args.name, args.access, args.role or None)
+    if args.json:
+        print(to_json(made))
+    else:
+        print(made.key, flush=True)
+    print(
+        f"nulltickets: made key {_key_summary(made)}. This is the only time the key is shown: "
+        "the server keeps only its hash.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    with remote.connect(args) as api:
+        keys = api.list_keys()
+    print(to_json(keys) if args.json else key_table(keys))
+    return 0
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    with remote.connect(args) as api:
+        gone = api.revoke_key(args.key_id)
+    print(f"revoked key {_key_summary(gone)}")
+    return 0

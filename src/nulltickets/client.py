@@ -59,12 +59,14 @@ from nulltickets.domain.model import (
     BulkOutcome,
     CheckpointResult,
     ClaimResult,
+    CreatedKey,
     Dependency,
     EventPage,
     FailingReport,
     FailureGroups,
     FailurePage,
     Health,
+    KeyInfo,
     NamespacePage,
     Pipeline,
     QueueReport,
@@ -770,6 +772,23 @@ class Calls:
     ) -> Call[SpanPage]:
         path = _query(f"/runs/{_seg(run_id)}/spans", limit=limit, cursor=cursor)
         return Call("GET", path, _as(SpanPage), repeatable=True)
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def create_key(name: str, access: str, roles: list[str] | None = None) -> Call[CreatedKey]:
+        # Neither keyed nor repeatable: the server records no answer that holds a key, so a
+        # call that may have reached it is not sent again (an unused key would be the cost).
+        body = _body({"name": name, "access": access, "roles": roles})
+        return Call("POST", "/keys", _as(CreatedKey), body)
+
+    @staticmethod
+    def list_keys() -> Call[list[KeyInfo]]:
+        return Call("GET", "/keys", _as_list(KeyInfo), repeatable=True)
+
+    @staticmethod
+    def revoke_key(key_id: str) -> Call[KeyInfo]:
+        return Call("DELETE", f"/keys/{_seg(key_id)}", _as(KeyInfo), keyed=True)
 
 
 # --- what both clients share: the URL, the headers, the decoding and the retry policy ----------
@@ -1505,6 +1524,21 @@ class Client:
         self, run_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> SpanPage:
         return self.run(Calls.list_spans(run_id, limit=limit, cursor=cursor))
+
+    # --- keys (admin) --------------------------------------------------------------------------
+
+    def create_key(self, name: str, access: str, roles: list[str] | None = None) -> CreatedKey:
+        """Make a key (`access`: read, agent or admin; an agent key needs `roles`). Its
+        `key` is in this answer only."""
+        return self.run(Calls.create_key(name, access, roles))
+
+    def list_keys(self) -> list[KeyInfo]:
+        """Every key, without the key itself."""
+        return self.run(Calls.list_keys())
+
+    def revoke_key(self, key_id: str) -> KeyInfo:
+        """Revoke a key: every server refuses it from now on."""
+        return self.run(Calls.revoke_key(key_id))
 
 
 def _dropped(sock: socket.socket) -> bool:

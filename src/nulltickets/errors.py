@@ -144,6 +144,12 @@ class UnknownHost(Forbidden):
     """This server does not answer to that Host name."""
 
 
+class KeysNeedToken(TrackerError):
+    """Keys need a server started with --token (without one, every request is admitted)."""
+
+    code = "keys_need_token"
+
+
 class LeaseExpired(TrackerError):
     """Lease has expired."""
 

@@ -45,7 +45,7 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=None,
         metavar="T",
-        help=f"bearer token when the server has one (env {ENV_TOKEN})",
+        help=f"the server's --token or a key, when it has a token (env {ENV_TOKEN})",
     )
 
 

@@ -10,9 +10,12 @@ which backend it runs on.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -30,6 +33,7 @@ from nulltickets.domain.commands import (
     CancelTasks,
     Claim,
     CreateArtifact,
+    CreateKey,
     CreatePipeline,
     CreateTask,
     FailRun,
@@ -44,6 +48,7 @@ from nulltickets.domain.commands import (
 )
 from nulltickets.domain.ids import new_id
 from nulltickets.domain.model import (
+    Access,
     AgentReleased,
     Artifact,
     Assignment,
@@ -52,6 +57,7 @@ from nulltickets.domain.model import (
     CheckpointResult,
     ClaimedTask,
     ClaimResult,
+    CreatedKey,
     Dependency,
     Event,
     FailedTask,
@@ -59,6 +65,7 @@ from nulltickets.domain.model import (
     FailureGroups,
     FeedEvent,
     Health,
+    KeyInfo,
     LeaseRow,
     NamespaceSummary,
     OutcomeError,
@@ -86,7 +93,13 @@ from nulltickets.domain.model import (
     TransitionResult,
 )
 from nulltickets.domain.search import search_terms
-from nulltickets.domain.tokens import new_lease_token, same_hash
+from nulltickets.domain.tokens import (
+    api_key_hash,
+    looks_like_api_key,
+    new_api_key,
+    new_lease_token,
+    same_hash,
+)
 from nulltickets.errors import (
     DependencyTaskNotFound,
     DuplicateDependency,
@@ -1224,6 +1237,140 @@ def _claim_outcome(result: ClaimResult | None) -> Outcome[ClaimResult | None]:
     return Outcome(Kind.EMPTY if result is None else Kind.OK, result)
 
 
+# How long a revocation waits to hear itself back from the notifier (PostgreSQL: its NOTIFY,
+# delivered to every listening server at once) before it answers anyway.
+REVOCATION_ECHO_S = 1.0
+# Unknown key hashes remembered, so that a sender repeating a wrong key costs no query.
+UNKNOWN_KEYS_MAX = 4096
+KEY_NAME_MAX = 200
+_MISS: Any = object()
+
+
+class KeyRing:
+    """The keys this process has seen, by the SHA-256 of their text and by id, so that a
+    request's key costs no query once known (a query would about double the cost of a claim).
+
+    Trusted only while the notifier hears every revocation (`revocations_heard`); otherwise
+    every lookup reads the database. A revocation, made by this process or (on PostgreSQL)
+    any other, removes the key as the notifier delivers it; `None` forgets everything. A
+    lookup that read the database while a revocation went by keeps nothing it read
+    (`generation`). Unknown hashes are remembered too, at most UNKNOWN_KEYS_MAX: a key is
+    random, so a hash seen before the key was made cannot become that key's.
+    """
+
+    def __init__(self, notifier: Notifier) -> None:
+        self._notifier = notifier
+        self._by_hash: dict[bytes, KeyInfo] = {}
+        self._by_id: dict[str, KeyInfo] = {}
+        self._unknown: dict[bytes, None] = {}
+        self._lock = threading.Lock()
+        self.generation = 0
+        # Revocations of this process waiting to hear themselves back (see Service.revoke_key).
+        self._echoes: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        notifier.on_revoke(self.forget)
+
+    def by_hash(self, key_hash: bytes) -> Any:
+        """The key with this hash, None if there is none, or _MISS: ask the database."""
+        if not self._notifier.revocations_heard:
+            return _MISS
+        found = self._by_hash.get(key_hash, _MISS)
+        if found is _MISS and key_hash in self._unknown:
+            return None
+        return found
+
+    def by_id(self, key_id: str) -> Any:
+        """The key with this id, or _MISS: ask the database."""
+        if not self._notifier.revocations_heard:
+            return _MISS
+        return self._by_id.get(key_id, _MISS)
+
+    def learn(self, key_hash: bytes | None, info: KeyInfo | None, seen: int) -> None:
+        """Keep what a lookup read, unless a revocation went by since it began (`seen`)."""
+        with self._lock:
+            if seen != self.generation or not self._notifier.revocations_heard:
+                return
+            if info is not None:
+                self._by_id[info.id] = info
+                if key_hash is not None:
+                    self._by_hash[key_hash] = info
+            elif key_hash is not None:
+                self._unknown[key_hash] = None
+                if len(self._unknown) > UNKNOWN_KEYS_MAX:
+                    del self._unknown[next(iter(self._unknown))]
+
+    def forget(self, key_id: str | None) -> None:
+        """The notifier's callback (any thread): `key_id` was revoked; None: forget all."""
+        self.drop(key_id)
+        if key_id is None:
+            return
+        with self._lock:
+            echoes = self._echoes.pop(key_id, [])
+        for loop, heard in echoes:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_settle, heard)
+
+    def drop(self, key_id: str | None) -> None:
+        """Forget the key `key_id` (None: every key) in this process."""
+        with self._lock:
+            self.generation += 1
+            if key_id is None:
+                self._by_hash.clear()
+                self._by_id.clear()
+                return
+            self._by_id.pop(key_id, None)
+            for key_hash, info in list(self._by_hash.items()):  # few keys; revocations are rare
+                if info.id == key_id:
+                    del self._by_hash[key_hash]
+
+    def expect(self, key_id: str) -> asyncio.Future[None]:
+        """A future that completes when the revocation of `key_id` is heard back."""
+        loop = asyncio.get_running_loop()
+        heard: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._echoes.setdefault(key_id, []).append((loop, heard))
+        return heard
+
+    def unexpect(self, key_id: str, heard: asyncio.Future[None]) -> None:
+        with self._lock:
+            waiting = self._echoes.get(key_id, [])
+            waiting[:] = [(lp, f) for lp, f in waiting if f is not heard]
+            if not waiting:
+                self._echoes.pop(key_id, None)
+
+
+# The key the current request speaks with, while each of its units of work must confirm it
+# (Service.speaking_with). Every request runs as a task of its own, with a context of its own.
+_speaking: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "nulltickets_speaking", default=None
+)
+
+
+def _confirm_key(b: Backend, key_id: str) -> None:
+    if b.api_key_by_id(key_id) is None:
+        raise Unauthorized("the key was revoked")
+
+
+def _settle(heard: asyncio.Future[None]) -> None:
+    if not heard.done():
+        heard.set_result(None)
+
+
+def check_new_key(command: CreateKey) -> tuple[str, list[str]]:
+    """The new key's name and roles, or InvalidRequest saying what is wrong."""
+    name = command.name.strip()
+    if not name or len(name) > KEY_NAME_MAX:
+        raise InvalidRequest(f"name must be 1..{KEY_NAME_MAX} characters")
+    roles = list(dict.fromkeys(command.roles or []))
+    if command.access is Access.AGENT:
+        if not roles:
+            raise InvalidRequest("an agent key needs roles: the agent roles it may claim for")
+        if any(not role.strip() for role in roles):
+            raise InvalidRequest("roles must not be empty")
+    elif roles:
+        raise InvalidRequest(f"roles apply to agent keys only, not to {command.access} keys")
+    return name, roles
+
+
 class Service:
     """One async method per API verb, each one unit of work on `db`.
 
@@ -1238,7 +1385,9 @@ class Service:
         self.db = db
         self.clock = clock
         self.notifier = db.notifier
-        self.tracker = Tracker(db.notifier, rand, shared=db.capabilities.shared_by_servers)
+        self._shared = db.capabilities.shared_by_servers
+        self.tracker = Tracker(db.notifier, rand, shared=self._shared)
+        self.keys = KeyRing(db.notifier)
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -1251,17 +1400,48 @@ class Service:
         revive: Callable[[Backend, bytes], bytes] | None = None,
     ) -> Written[T]:
         clock = self.clock
-        if idem is None:
+        key_id = _speaking.get()
+        if idem is None and key_id is None:
             return await self.db.write(lambda b: act(b, clock()))
 
         def job(b: Backend) -> Written[T]:
+            if key_id is not None:
+                _confirm_key(b, key_id)
             now = clock()
+            if idem is None:
+                return act(b, now)
             return _idempotent(b, idem, now, act, redact, revive)
 
         return await self.db.write(job)
 
     async def _read(self, job: Callable[[Backend], T]) -> T:
-        return await self.db.read(job)
+        key_id = _speaking.get()
+        if key_id is None:
+            return await self.db.read(job)
+
+        def confirmed(b: Backend) -> T:
+            _confirm_key(b, key_id)
+            return job(b)
+
+        return await self.db.read(confirmed)
+
+    @contextlib.contextmanager
+    def speaking_with(self, key_id: str | None) -> Iterator[None]:
+        """Run the block (a request's handler) on behalf of key `key_id`. On a database shared
+        by servers, each unit of work the block runs first confirms, in its own transaction,
+        that the key still exists: another server's revocation reaches this server's KeyRing
+        only as fast as its notification, the database at once; one statement of a unit of
+        work that runs anyway costs far less than a lookup of its own. On SQLite (one server
+        per file) the KeyRing hears every revocation before it is answered: nothing to do.
+        The key travels in a context variable, which the block's own tasks inherit."""
+        if key_id is None or not self._shared:
+            yield
+            return
+        token = _speaking.set(key_id)
+        try:
+            yield
+        finally:
+            _speaking.reset(token)
 
     # --- pipelines -----------------------------------------------------------------------------
 
@@ -1660,6 +1840,81 @@ class Service:
         self, run_id: str, after: int, limit: int
     ) -> tuple[list[Span], str | None]:
         return await self._read(lambda b: self.tracker.list_spans(b, run_id, after, limit))
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    async def create_key(self, command: CreateKey) -> CreatedKey:
+        """Make a key; the answer is the only place its text ever appears (the database keeps
+        its SHA-256). Not idempotent by Idempotency-Key: a recorded answer would hold it."""
+        name, roles = check_new_key(command)
+        key, key_hash = new_api_key()
+        key_id = new_id()
+
+        def act(b: Backend, now: int) -> Outcome[CreatedKey]:
+            b.insert_api_key(
+                id=key_id, key_hash=key_hash, name=name, access=command.access, roles=roles, now=now
+            )
+            return Outcome(Kind.CREATED, CreatedKey(key_id, key, name, command.access, roles, now))
+
+        made = await self._write(None, act)
+        assert isinstance(made, Outcome)  # no Idempotency-Key: never a replay
+        return made.value
+
+    async def list_keys(self) -> list[KeyInfo]:
+        return await self._read(lambda b: b.list_api_keys())
+
+    async def revoke_key(self, key_id: str, idem: Idem | None = None) -> Written[KeyInfo]:
+        """Delete the key. When this answers, no request of this process accepts it any more,
+        and every other server (PostgreSQL) has been sent the revocation: it arrived here, and
+        PostgreSQL delivers a notification to every listener at the same time."""
+        notifier = self.notifier
+
+        def act(b: Backend, now: int) -> Outcome[KeyInfo]:
+            info = b.delete_api_key(key_id)
+            if info is None:
+                raise NotFound(f"no key with id {key_id!r}")
+            notifier.revoke(b, key_id)
+            return Outcome(Kind.OK, info)
+
+        heard = self.keys.expect(key_id)
+        try:
+            result = await self._write(idem, act)
+            self.keys.drop(key_id)  # here at once, whatever the notifier does
+            if isinstance(result, Outcome):
+                # Without its echo in time the listening connection is down; other servers
+                # then trust no cache of keys until theirs is back.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(heard, REVOCATION_ECHO_S)
+        finally:
+            self.keys.unexpect(key_id, heard)
+        return result
+
+    async def authenticate(self, key: str) -> KeyInfo | None:
+        """The key a bearer presents, or None when it is not a (live) key."""
+        if not looks_like_api_key(key):
+            return None
+        key_hash = api_key_hash(key)
+        ring = self.keys
+        found = ring.by_hash(key_hash)
+        if found is not _MISS:
+            info: KeyInfo | None = found
+            return info
+        seen = ring.generation
+        info = await self._read(lambda b: b.api_key_by_hash(key_hash))
+        ring.learn(key_hash, info, seen)
+        return info
+
+    async def key_by_id(self, key_id: str) -> KeyInfo | None:
+        """A live key by its id (a dashboard session names its key so)."""
+        ring = self.keys
+        found = ring.by_id(key_id)
+        if found is not _MISS:
+            known: KeyInfo = found
+            return known
+        seen = ring.generation
+        info = await self._read(lambda b: b.api_key_by_id(key_id))
+        ring.learn(None, info, seen)
+        return info
 
     # --- operations and upkeep -----------------------------------------------------------------
 

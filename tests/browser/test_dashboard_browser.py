@@ -679,3 +679,53 @@ def test_the_store_page_lists_a_namespace_holding_a_slash(
     wait(driver).until(ec.presence_of_element_located((By.ID, "keys")))
     keys = driver.find_elements(By.CSS_SELECTOR, "#keys tbody tr code")
     assert [k.text for k in keys][::2] == ["notes"]
+
+
+def test_a_read_key_logs_in_and_is_offered_no_buttons(
+    driver: WebDriver, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    secured = Server(tmp_path_factory.mktemp("read-key") / "s.db", token=TOKEN).start()
+    admin = secured.client(TOKEN)
+    try:
+        pipeline_id, coder, _ = pipeline_with_roles(admin)
+        task_id = make_task(admin, pipeline_id, retry_policy={"max_attempts": 1})
+        lease = claimed(admin, coder)
+        r = admin.post(
+            f"/runs/{lease['run']['id']}/fail", {"error": "out of disk"}, token=lease["lease_token"]
+        )
+        assert r.status == 200, r.body
+        made = admin.post("/keys", {"name": "viewer", "access": "read"})
+        assert made.status == 201, made.body
+        driver.delete_all_cookies()
+        driver.get(secured.base + "/ui/login")
+        driver.find_element(By.ID, "token").send_keys(made.json["key"])
+        driver.find_element(By.CSS_SELECTOR, "#login button").click()
+        wait(driver).until(ec.presence_of_element_located((By.ID, "stages")))
+        assert driver.find_elements(By.CSS_SELECTOR, "form.logout")  # a session to end
+        visit(driver, secured, "/ui/failures")
+        row = driver.find_element(By.CSS_SELECTOR, f"#failures tr[data-task='{task_id}']")
+        assert "out of disk" in row.text
+        assert driver.find_elements(By.CSS_SELECTOR, "button.requeue, button.cancel") == []
+        visit(driver, secured, f"/ui/task/{task_id}")
+        assert driver.find_element(By.ID, "task-stage").text
+        assert driver.find_elements(By.CSS_SELECTOR, "button.requeue, button.cancel") == []
+        # What a button would have sent is refused by the API itself.
+        status = driver.execute_async_script(
+            """const done = arguments[arguments.length - 1];
+            const csrf = document.cookie.match(/nt_csrf=([^;]+)/)[1];
+            fetch(arguments[0], {method: "POST", headers: {"X-CSRF-Token": csrf,
+                "Content-Type": "application/json"}, body: "{}"}).then((r) => done(r.status));""",
+            f"/tasks/{task_id}/requeue",
+        )
+        assert status == 403
+        assert admin.get(f"/tasks/{task_id}").json["dead_letter_reason"]
+    finally:
+        driver.delete_all_cookies()
+        admin.close()
+        secured.stop()
+
+
+def test_log_out_shows_only_on_a_server_with_a_token(driver: WebDriver, server: Server) -> None:
+    visit(driver, server, "/ui/")
+    assert driver.find_elements(By.CSS_SELECTOR, "form.logout") == []
+    assert driver.find_elements(By.CSS_SELECTOR, "header nav a")

@@ -25,6 +25,7 @@ POSTGRES_ONLY = {
     "doctor_sessions": "maintenance.py: other sessions on the database",
     "doctor_invalid_indexes": "maintenance.py: indexes PostgreSQL will not use",
     "notify": "notifier.py: the wake-ups of a unit of work, sent with its COMMIT",
+    "notify_key_revoked": "notifier.py: a revoked key, told to every server with its COMMIT",
     "listen": "notifier.py: the listening connection of each process",
     "lock_lease_by_run": "lease_by_run in a write: lease-protected writes on one lease in turn",
     "lock_lease_by_id": "lease_by_id in a write (the same)",

@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
+from nulltickets.domain.model import Access
 from nulltickets.errors import InvalidJson
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
@@ -199,3 +200,12 @@ class ReleaseAgent(Struct):
 
     agent_id: str
     reason: str | None = None
+
+
+class CreateKey(Struct):
+    """A new key. `access`: read, agent or admin. `roles`: the agent roles an `agent` key may
+    claim for (required, non-empty, for agent keys; none for the others)."""
+
+    name: str
+    access: Access
+    roles: list[str] | None = None

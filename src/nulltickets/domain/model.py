@@ -507,3 +507,43 @@ class SpanRow(Struct):
     attributes_json: str
     resource_attributes_json: str
     raw_json: str
+
+
+class Access(StrEnum):
+    """What a key may do; each level may do everything the one before it may. The server's
+    `--token` is the root key, with `admin` access."""
+
+    READ = "read"  # every read (GET) route, /metrics, /events/stream, the dashboard
+    AGENT = "agent"  # reads, claims for the key's roles, and the writes agents make
+    ADMIN = "admin"  # everything, as the --token
+
+
+ACCESS_ORDER = (Access.READ, Access.AGENT, Access.ADMIN)
+
+
+def allows(held: Access, needed: Access) -> bool:
+    """Whether a key with access `held` may call a route that needs `needed`."""
+    return ACCESS_ORDER.index(held) >= ACCESS_ORDER.index(needed)
+
+
+class KeyInfo(Struct):
+    """A key as GET /keys lists it: never the key itself, nor its hash. `roles`: the agent
+    roles an `agent` key claims for (empty for the other levels)."""
+
+    id: str
+    name: str
+    access: Access
+    roles: list[str]
+    created_at_ms: int
+
+
+class CreatedKey(Struct):
+    """The answer to POST /keys: the only time the key is shown (the server keeps its
+    SHA-256)."""
+
+    id: str
+    key: str
+    name: str
+    access: Access
+    roles: list[str]
+    created_at_ms: int

@@ -22,10 +22,10 @@ from nulltickets.errors import (
     RequestTimeout,
     Unauthorized,
 )
+from nulltickets.http import access, ui
 from nulltickets.http import metrics as prometheus
-from nulltickets.http import ui
 from nulltickets.http.errors import EXTRA_HEADERS, error_headers, error_response
-from nulltickets.http.handlers import Context, check_admin
+from nulltickets.http.handlers import Context
 from nulltickets.http.origins import OriginGuard
 from nulltickets.http.request import Request, split_path
 from nulltickets.http.response import STREAMED, WebReply
@@ -193,12 +193,16 @@ class App:
         req = Request(scope.method, path, segments, scope.query_string, scope.headers)
         req.proto = proto
         req.scheme = scope.scheme
+        req.client = scope.client
         if ctx.admin_token is not None:
+            # Who speaks, before routing (contract §2.1: an unknown path is 401 without a
+            # token): the bearer (the token or a key), else a dashboard session.
             kind = gate(segments)
-            if kind is Auth.ADMIN and (
-                req.bearer() is not None or not ui.session_admits(ctx.admin_token, req)
-            ):
-                check_admin(ctx, req)
+            if kind is Auth.ADMIN:
+                if req.bearer() is not None:
+                    req.principal = await access.from_bearer(ctx, req)
+                else:
+                    req.principal = await ui.session_principal(ctx, req)
             elif kind is Auth.LEASE and req.bearer() is None:
                 raise Unauthorized("missing Authorization: Bearer token")
         found = self.router.match(req.method, segments)
@@ -211,9 +215,15 @@ class App:
             raise NotFound(f"no route for {req.method} {path}")
         route, req.params = found
         route_of[0] = route.pattern
+        principal = req.principal
+        if principal is not None:
+            access.check_route(principal, route)
         if req.method in WRITE_METHODS:
             req.body = await self._read_body(scope, proto)
-        return await route.handler(ctx, req)
+        if principal is None or principal.key_id is None:
+            return await route.handler(ctx, req)
+        with ctx.service.speaking_with(principal.key_id):
+            return await route.handler(ctx, req)
 
     async def _read_body(self, scope: Any, proto: Any) -> bytes:
         limit = self.settings.max_body_bytes

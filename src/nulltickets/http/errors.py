@@ -40,6 +40,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.ExpectedStageMismatch: 409,
     e.TaskVersionMismatch: 409,
     e.IdempotencyConflict: 409,
+    e.KeysNeedToken: 409,
     e.LeaseSuperseded: 409,
     e.TaskCancelled: 409,
     e.TaskLeased: 409,

@@ -19,11 +19,12 @@ import msgspec
 
 from nulltickets import otlp
 from nulltickets.domain import commands as cmd
-from nulltickets.domain.tokens import lease_token_hash, same_token
+from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import (
     InvalidJson,
     InvalidRequest,
     InvalidRetryPolicy,
+    KeysNeedToken,
     LeaseExpired,
     NotFound,
     ReservedNamespace,
@@ -31,8 +32,10 @@ from nulltickets.errors import (
     TrackerError,
     Unauthorized,
 )
+from nulltickets.http import access
 from nulltickets.http.request import Request
 from nulltickets.http.response import WebReply
+from nulltickets.http.slowdown import Slowdown
 from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import RESERVED_NAMESPACE, Idem, Kind, Outcome, Recorded, Service
 
@@ -136,6 +139,7 @@ class Context:
     hub: StreamHub | None = None  # GET /events/stream
     metrics: Metrics | None = None  # GET /metrics
     collector: Collector | None = None  # the garbage collector's settings and timings
+    slowdown: Slowdown = field(default_factory=Slowdown)  # wrong tokens and keys wait
 
 
 Reply = Recorded  # a status and the encoded body, as sent (and as a replay sends it again)
@@ -347,6 +351,7 @@ async def unassign(ctx: Context, req: Request) -> Reply:
 
 async def claim(ctx: Context, req: Request) -> Reply:
     command = decode(cmd.Claim, req.body)
+    access.check_role(req.principal, command.agent_role)
     wait_ms = max(0, min(command.wait_ms or 0, cmd.MAX_WAIT_MS))
     metrics = ctx.metrics
     if not wait_ms:
@@ -430,18 +435,25 @@ async def append_event(ctx: Context, req: Request) -> Reply:
 async def list_events(ctx: Context, req: Request) -> Reply:
     run_id = req.params["id"]
     if ctx.admin_token is not None:
-        # The original lets any bearer read events; require the admin token or this run's live
-        # lease. Anything else is 401, whatever the reason the lease does not match.
+        # The original lets any bearer read events; require the admin token, a key or this
+        # run's live lease. Anything else is 401, whatever the reason the lease does not match.
         token = req.require_bearer()
-        if not same_token(token, ctx.admin_token):
-            try:
-                await ctx.service.check_run_lease(run_id, lease_token_hash(token))
-            except (NotFound, LeaseExpired, TaskCancelled) as exc:
-                raise Unauthorized("needs the admin token or this run's lease token") from exc
+        if await access.principal_of(ctx, token) is None and not await _holds(ctx, run_id, token):
+            await access.refused(ctx, req)
+            raise Unauthorized("needs the admin token, a key or this run's lease token")
     limit = req.limit(100)
     after = req.event_cursor()
     items, cursor = await ctx.service.list_events(run_id, after, limit)
     return ok(200, _page(items, cursor))
+
+
+async def _holds(ctx: Context, run_id: str, token: str) -> bool:
+    """Whether `token` is the live lease token of run `run_id`."""
+    try:
+        await ctx.service.check_run_lease(run_id, lease_token_hash(token))
+    except (Unauthorized, NotFound, LeaseExpired, TaskCancelled):
+        return False
+    return True
 
 
 async def transition(ctx: Context, req: Request) -> Reply:
@@ -505,12 +517,6 @@ async def list_artifacts(ctx: Context, req: Request) -> Reply:
     return ok(200, _page(items, cursor))
 
 
-def check_admin(ctx: Context, req: Request) -> None:
-    token = req.bearer()
-    if ctx.admin_token is not None and (token is None or not same_token(token, ctx.admin_token)):
-        raise Unauthorized("missing or invalid admin token")
-
-
 async def openapi(ctx: Context, req: Request) -> Reply:
     from nulltickets.http.openapi import document  # the document is built from the route table
 
@@ -564,6 +570,24 @@ async def search_store(ctx: Context, req: Request) -> Reply:
         limit=limit,
     )
     return ok(200, hits)
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+async def create_key(ctx: Context, req: Request) -> Reply:
+    if ctx.admin_token is None:
+        raise KeysNeedToken()
+    command = decode(cmd.CreateKey, req.body)
+    return ok(201, await ctx.service.create_key(command))
+
+
+async def list_keys(ctx: Context, req: Request) -> Reply:
+    return ok(200, await ctx.service.list_keys())
+
+
+async def revoke_key(ctx: Context, req: Request) -> Reply:
+    return respond(await ctx.service.revoke_key(req.params["id"], idem(req)))
 
 
 # --- operations --------------------------------------------------------------------------------

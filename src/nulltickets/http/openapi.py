@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import msgspec
 
 from nulltickets import __version__
+from nulltickets.domain.model import ACCESS_ORDER, Access, allows
 from nulltickets.http.errors import STATUS, ErrorBody, status_of
 from nulltickets.http.routes import ROUTES, Auth, Route
 
@@ -111,7 +112,7 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         }
         for q in route.query
     ]
-    if route.method in ("POST", "PUT", "DELETE"):
+    if route.method in ("POST", "PUT", "DELETE") and route.idempotency_key:
         params.append(
             {
                 "name": "Idempotency-Key",
@@ -152,7 +153,11 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
         codes.setdefault(status_of(exc()), []).append(exc.code)
     if route.auth is not Auth.NONE:
         codes.setdefault(401, []).append("unauthorized")
-    if route.method in ("POST", "PUT", "DELETE"):
+    if route.auth is Auth.ADMIN and route.needs is not Access.READ:
+        codes.setdefault(403, []).append("forbidden")
+    if route.pattern == "/leases/claim":
+        codes.setdefault(403, []).append("forbidden")
+    if route.method in ("POST", "PUT", "DELETE") and route.idempotency_key:
         codes.setdefault(409, []).append("idempotency_conflict")
         codes.setdefault(413, []).append("payload_too_large")
     # Any route: a request from a page of another origin, or to a name a server without a
@@ -165,17 +170,37 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
         }
     op["responses"] = responses
-    # One bearer scheme. The document's own security, ADMIN_SECURITY, covers the admin routes
-    # (the admin token, needed only when the server has one: reading a run's events takes the
-    # admin or the lease token then). Writes under a lease need the lease token; ungated
-    # routes take none. Generators such as openapi-python-client read only an operation's
-    # own security, and take any non-empty one as "a token is required": so the admin routes
-    # inherit theirs and a generated client calls them with or without a token.
+    access = _access(route)
+    if access:
+        op["x-access"] = access
+    # One bearer scheme. The document's own security, ADMIN_SECURITY, covers the gated routes
+    # (the admin token or a key with an access in x-access, needed only when the server has a
+    # token: reading a run's events takes those or the lease token then). Writes under a lease
+    # need the lease token; ungated routes take none. Generators such as openapi-python-client
+    # read only an operation's own security, and take any non-empty one as "a token is
+    # required": so the gated routes inherit theirs and a generated client calls them with or
+    # without a token.
     if route.auth is Auth.LEASE and route.method != "GET":
         op["security"] = LEASE_SECURITY
     elif route.auth is Auth.NONE:
         op["security"] = []
     return op
+
+
+def _access(route: Route) -> list[str]:
+    """Who may call the route on a server with a --token: the access levels of the keys that
+    may (the token has `admin`), and `lease` where the lease token of the path's run or lease
+    is what it takes. Empty for the routes anyone may call."""
+    if route.auth is Auth.NONE:
+        return []
+    if route.auth is Auth.LEASE:
+        # Reading a run's events also takes any key (or the token); writing takes the lease.
+        return (
+            [*(level.value for level in ACCESS_ORDER), "lease"]
+            if route.method == "GET"
+            else ["lease"]
+        )
+    return [level.value for level in ACCESS_ORDER if allows(level, route.needs)]
 
 
 @functools.cache
@@ -208,9 +233,13 @@ def document() -> bytes:
                 "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "Admin routes: the server's --token / api_token, needed "
-                    "only when one is configured. Lease routes: the lease_token returned by "
-                    "/leases/claim.",
+                    "description": "Gated routes, when the server has a --token / api_token "
+                    "(without one they need nothing): that token, or a key made with POST "
+                    "/keys whose access is in the operation's x-access list (read: every "
+                    "read; agent: reads, claims for its roles, tasks, artifacts, store keys, "
+                    "traces; admin: everything); otherwise 401, or 403 forbidden for a key "
+                    "without the access. Lease routes (x-access: lease): the lease_token "
+                    "returned by /leases/claim.",
                 },
             },
         },

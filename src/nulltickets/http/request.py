@@ -5,10 +5,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 from nulltickets.errors import InvalidCursor, InvalidLimit, Unauthorized
+
+if TYPE_CHECKING:
+    from nulltickets.http.access import Principal
 
 MAX_LIMIT = 1000
 
@@ -62,7 +65,15 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)
     proto: Any = None
     scheme: str = "http"  # "https" when the request came over TLS
+    client: str = ""  # the peer's "address:port"
+    # Who the request speaks for, once the gate checked it (None: ungated, or no --token).
+    principal: Principal | None = None
     _query: dict[str, str] | None = None
+
+    @property
+    def sender(self) -> str:
+        """The peer's address, without its port."""
+        return self.client.rpartition(":")[0] or self.client
 
     def disconnected(self) -> Any:
         """An awaitable that completes when the client goes away (None outside a server)."""

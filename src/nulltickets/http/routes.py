@@ -16,6 +16,7 @@ from typing import Any
 from nulltickets import errors as e
 from nulltickets.domain import commands as cmd
 from nulltickets.domain import model
+from nulltickets.domain.model import Access
 from nulltickets.http import handlers as h
 from nulltickets.http import metrics, sse
 from nulltickets.http.request import Request
@@ -25,7 +26,7 @@ Handler = Callable[[h.Context, Request], Awaitable[h.Reply]]
 
 class Auth(StrEnum):
     NONE = "none"  # never gated
-    ADMIN = "admin"  # admin token when one is configured
+    ADMIN = "admin"  # with a --token: the token or a key with the route's access (`needs`)
     LEASE = "lease"  # the lease token of the run or lease in the path
 
 
@@ -53,6 +54,15 @@ class Route:
     extra: bool = False  # not in the original's API (an addition of ours)
     tag: str = ""
     media: str = "application/json"  # the content type of a success
+    # The access a key needs (Auth.ADMIN routes); None: `read` for GET, `admin` for the rest.
+    access: Access | None = None
+    idempotency_key: bool = True  # a write that replays by Idempotency-Key
+
+    @functools.cached_property
+    def needs(self) -> Access:
+        if self.access is not None:
+            return self.access
+        return Access.READ if self.method == "GET" else Access.ADMIN
 
     @functools.cached_property
     def parts(self) -> tuple[str, ...]:
@@ -165,6 +175,7 @@ ROUTES: tuple[Route, ...] = (
             e.TaskNotFound,
             e.DuplicateDependency,
         ),
+        access=Access.AGENT,
         tag="tasks",
     ),
     Route(
@@ -211,6 +222,7 @@ ROUTES: tuple[Route, ...] = (
             e.TaskNotFound,
             e.DuplicateDependency,
         ),
+        access=Access.AGENT,
         tag="tasks",
     ),
     Route(
@@ -371,6 +383,7 @@ ROUTES: tuple[Route, ...] = (
         request=cmd.Claim,
         response=model.ClaimResult,
         errors=(e.InvalidJson, e.InvalidLeaseTtl),
+        access=Access.AGENT,
         tag="leases",
     ),
     Route(
@@ -499,6 +512,7 @@ ROUTES: tuple[Route, ...] = (
         response=h.IdBody,
         status=201,
         errors=(e.InvalidJson, e.TaskNotFound, e.NotFound),
+        access=Access.AGENT,
         tag="artifacts",
     ),
     Route(
@@ -523,6 +537,7 @@ ROUTES: tuple[Route, ...] = (
         "the nulltickets.run_id / nulltickets.task_id attributes.",
         response=model.TraceIngest,
         errors=(e.InvalidJson,),
+        access=Access.AGENT,
         tag="traces",
     ),
     Route(
@@ -532,6 +547,7 @@ ROUTES: tuple[Route, ...] = (
         "Same as POST /v1/traces.",
         response=model.TraceIngest,
         errors=(e.InvalidJson,),
+        access=Access.AGENT,
         tag="traces",
     ),
     Route(
@@ -725,6 +741,7 @@ ROUTES: tuple[Route, ...] = (
         request=cmd.PutValue,
         status=204,
         errors=(e.InvalidJson, e.ReservedNamespace),
+        access=Access.AGENT,
         tag="store",
     ),
     Route(
@@ -742,6 +759,7 @@ ROUTES: tuple[Route, ...] = (
         h.delete_value,
         "Delete a key (always 204).",
         status=204,
+        access=Access.AGENT,
         tag="store",
     ),
     Route(
@@ -759,6 +777,46 @@ ROUTES: tuple[Route, ...] = (
         "Delete a whole namespace (always 204).",
         status=204,
         tag="store",
+    ),
+    Route(
+        "POST",
+        "/keys",
+        h.create_key,
+        "Make a key: `read` (every read route, the metrics, the event stream, the dashboard "
+        "without its buttons), `agent` (reads, claims for its `roles` only, and the writes "
+        "agents make: tasks, artifacts, store keys, traces) or `admin` (everything, as the "
+        "--token). The answer is the only time the key is shown; the server keeps its SHA-256. "
+        "Needs a server started with --token (409 keys_need_token otherwise). No "
+        "Idempotency-Key: a recorded answer would hold the key.",
+        request=cmd.CreateKey,
+        response=model.CreatedKey,
+        status=201,
+        errors=(e.InvalidJson, e.InvalidRequest, e.KeysNeedToken),
+        extra=True,
+        idempotency_key=False,
+        tag="keys",
+    ),
+    Route(
+        "GET",
+        "/keys",
+        h.list_keys,
+        "Every key, oldest first: its id, name, access and roles, never the key nor its hash.",
+        response=list[model.KeyInfo],
+        extra=True,
+        access=Access.ADMIN,
+        tag="keys",
+    ),
+    Route(
+        "DELETE",
+        "/keys/{id}",
+        h.revoke_key,
+        "Revoke a key: refused at once by this server and, on PostgreSQL, by every other "
+        "server of the tracker (told before this answers). Dashboard sessions of the key end "
+        "too. Answers what the key was.",
+        response=model.KeyInfo,
+        errors=(e.NotFound,),
+        extra=True,
+        tag="keys",
     ),
 )
 

@@ -8,21 +8,24 @@ and hands each stream the ones its filters let through. Beyond `StreamHub.limit`
 with 503 `overloaded`. A stream that resumes (the
 `Last-Event-ID` header, or the `last_event_id` query parameter a browser's first request can
 carry) first replays what it missed from the database, then joins the live feed exactly where
-that replay ends.
+that replay ends. A stream opened with a key ends, at its next event or heartbeat, once the key
+is revoked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from nulltickets.domain.model import FeedEvent
-from nulltickets.errors import InvalidCursor, Overloaded
+from nulltickets.errors import InvalidCursor, Overloaded, Unauthorized
 from nulltickets.http.request import Request
 from nulltickets.http.response import EVENT_STREAM, STREAMED, WebReply
 from nulltickets.service import Recorded as Reply
@@ -140,7 +143,9 @@ class StreamHub:
             return
         self._fetching = True
         assert self._loop is not None
-        self._loop.create_task(self._fetch())
+        # In a context of its own: the read is every stream's, not the request's that woke it
+        # (a request made with a key has its units of work confirm it: Service.speaking_with).
+        self._loop.create_task(self._fetch(), context=contextvars.Context())
 
     async def _fetch(self) -> None:
         try:
@@ -230,6 +235,13 @@ class StreamHub:
         return found
 
 
+async def _key_alive(ctx: Context, key_id: str) -> bool:
+    try:
+        return await ctx.service.key_by_id(key_id) is not None
+    except Unauthorized:  # confirmed gone inside the read itself (Service.speaking_with)
+        return False
+
+
 def _resolve(future: asyncio.Future[bool], beat: bool = False) -> None:
     if not future.done():
         future.set_result(beat)
@@ -269,8 +281,10 @@ async def stream(ctx: Context, req: Request) -> Reply:
         backlog = await hub.replay(filters, resume, upto) if resume is not None else []
         transport = req.proto.response_stream(200, list(HEADERS))
         gone = asyncio.ensure_future(req.disconnected())
+        key_id = req.principal.key_id if req.principal is not None else None
+        alive = None if key_id is None else (lambda: _key_alive(ctx, key_id))
         try:
-            await _serve(hub, client, transport, backlog, gone, resume or 0)
+            await _serve(hub, client, transport, backlog, gone, resume or 0, alive)
         finally:
             gone.cancel()
     finally:
@@ -285,9 +299,11 @@ async def _serve(
     backlog: list[FeedEvent],
     gone: asyncio.Future[Any],
     sent: int,
+    alive: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Send the backlog, then live events; `sent` is the id the client has seen up to (the
-    live feed may still hand out events up to it that the replay already covered)."""
+    live feed may still hand out events up to it that the replay already covered). `alive`,
+    asked at each wake-up: whether the stream's key still exists."""
     loop = asyncio.get_running_loop()
     gone.add_done_callback(client.on_gone)
     with contextlib.suppress(Exception):  # the client went away mid-write
@@ -311,5 +327,7 @@ async def _serve(
             finally:
                 timer.cancel()
                 client.waiter = None
+            if alive is not None and not await alive():
+                return  # its key was revoked
             if beat and not hub.closing and not gone.done():
                 await transport.send_bytes(b": heartbeat\n\n")

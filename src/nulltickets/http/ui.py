@@ -2,11 +2,15 @@
 GET /events/stream), its login, and the session cookie the API accepts from it.
 
 The pages themselves hold no data, so they are served to anyone; with an admin token set, the
-API answers them only with the session cookie /ui/login sets. That cookie never holds the token:
-it is `<issued_ms>.<HMAC(token, issued_ms)>`, HttpOnly and SameSite=Strict (Secure over TLS),
-valid for SESSION_MS. Writes with the cookie also need the CSRF token (a second, script-readable
-cookie, HMAC(token, session)) in an X-CSRF-Token header, and a same-origin Origin when the
-browser sends one. These routes are not in the OpenAPI document: they are not the API.
+API answers them only with the session cookie /ui/login sets, for the admin token or any key.
+That cookie never holds the token nor the key: it is `<issued_ms>.<who>.<HMAC(token, ...)>`,
+where `who` is `root` (the admin token) or the key's id, HttpOnly and SameSite=Strict (Secure
+over TLS), valid for SESSION_MS. A session has its key's access (a revoked key's sessions end
+with it), and the page is told that access (`data-access` on its body) to show no buttons a
+`read` or `agent` session could not use; the API refuses those writes anyway. Writes with the
+cookie also need the CSRF token (a second, script-readable cookie, HMAC(token, session)) in an
+X-CSRF-Token header, and a same-origin Origin when the browser sends one. These routes are not
+in the OpenAPI document: they are not the API.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from urllib.parse import urlsplit
 
 from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.tokens import same_token
+from nulltickets.errors import Unauthorized
+from nulltickets.http import access
+from nulltickets.http.access import Principal
 from nulltickets.http.request import Request, parse_query
 from nulltickets.http.response import CSS, HTML, JS, SVG, redirect, web
 from nulltickets.http.routes import Auth, Route
@@ -33,6 +40,7 @@ SESSION_COOKIE = "nt_session"
 CSRF_COOKIE = "nt_csrf"
 CSRF_HEADER = "x-csrf-token"
 SESSION_MS = 12 * 3600 * 1000
+ROOT_SESSION = "root"  # a session of the admin token (any other `who` is a key's id)
 
 _TYPES = {".html": HTML, ".css": CSS, ".js": JS, ".svg": SVG}
 _SECURITY = (
@@ -55,8 +63,8 @@ def _mac(token: str, message: str) -> str:
     return hmac.new(token.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
-def new_session(token: str, now: int) -> str:
-    return f"{now}.{_mac(token, 'session:' + str(now))}"
+def new_session(token: str, now: int, who: str = ROOT_SESSION) -> str:
+    return f"{now}.{who}.{_mac(token, f'session:{now}:{who}')}"
 
 
 def csrf_for(token: str, session: str) -> str:
@@ -72,13 +80,17 @@ def cookies(req: Request) -> dict[str, str]:
     return found
 
 
-def _session_ok(token: str, session: str, now: int) -> bool:
-    issued, sep, mac = session.partition(".")
-    if not sep or not issued.isdigit():
-        return False
-    if not 0 <= now - int(issued) <= SESSION_MS:
-        return False
-    return same_token(mac, _mac(token, "session:" + issued))
+def _session_who(token: str, session: str, now: int) -> str | None:
+    """Whose live session this is (`root` or a key's id), or None if it is not one."""
+    parts = session.split(".")
+    if len(parts) != 3:
+        return None
+    issued, who, mac = parts
+    if not issued.isdigit() or not who or not 0 <= now - int(issued) <= SESSION_MS:
+        return None
+    if not same_token(mac, _mac(token, f"session:{issued}:{who}")):
+        return None
+    return who
 
 
 def _same_origin(req: Request) -> bool:
@@ -89,17 +101,37 @@ def _same_origin(req: Request) -> bool:
     return host is not None and urlsplit(origin).netloc == host
 
 
-def session_admits(token: str, req: Request) -> bool:
-    """Whether the request carries a live dashboard session (and, for writes, the CSRF
-    token and a same-origin Origin): then it counts as carrying the admin token."""
-    jar = cookies(req)
-    session = jar.get(SESSION_COOKIE)
-    if session is None or not _session_ok(token, session, now_ms()):
-        return False
+async def _session(ctx: Context, req: Request) -> Principal | None:
+    """The principal of the request's live dashboard session, if it has one."""
+    token = ctx.admin_token
+    session = cookies(req).get(SESSION_COOKIE)
+    if token is None or session is None:
+        return None
+    who = _session_who(token, session, now_ms())
+    if who is None:
+        return None
+    if who == ROOT_SESSION:
+        return access.ROOT
+    info = await ctx.service.key_by_id(who)
+    return None if info is None else access.of_key(info)
+
+
+async def session_principal(ctx: Context, req: Request) -> Principal:
+    """Who a request without a bearer speaks for: its live dashboard session (for writes,
+    with the CSRF token and a same-origin Origin). Anything else is 401."""
+    principal = await _session(ctx, req)
+    if principal is None:
+        raise Unauthorized("missing or invalid admin token")
     if req.method in ("GET", "HEAD"):
-        return True
+        return principal
+    assert ctx.admin_token is not None
+    session = cookies(req)[SESSION_COOKIE]
     sent = req.header(CSRF_HEADER)
-    return sent is not None and same_token(sent, csrf_for(token, session)) and _same_origin(req)
+    if sent is None or not same_token(sent, csrf_for(ctx.admin_token, session)):
+        raise Unauthorized("a write with the dashboard's session needs its X-CSRF-Token")
+    if not _same_origin(req):
+        raise Unauthorized("a write with the dashboard's session must come from its own origin")
+    return principal
 
 
 # --- pages ---------------------------------------------------------------------------------------
@@ -140,7 +172,19 @@ async def page(ctx: Context, req: Request) -> Reply:
         return _page(404, _message("Not found", "No such dashboard page."))
     body = _asset("index.html")
     assert body is not None
-    return _page(200, body)
+    return _page(200, await _for_session(ctx, req, body))
+
+
+async def _for_session(ctx: Context, req: Request, page: bytes) -> bytes:
+    """The page with what its script needs to know of the session on its body: whether the
+    server has a token (a session to log out of) and the session's access (which buttons)."""
+    if ctx.admin_token is None:
+        login, held = "off", "admin"
+    else:
+        principal = await _session(ctx, req)
+        login, held = "on", "" if principal is None else str(principal.access)
+    body = f'<body data-login="{login}" data-access="{held}">'.encode()
+    return page.replace(b"<body>", body, 1)
 
 
 async def login(ctx: Context, req: Request) -> Reply:
@@ -149,9 +193,13 @@ async def login(ctx: Context, req: Request) -> Reply:
     target = _next(form.get("next"))
     if token is None:  # nothing to log in to
         return redirect(target)
-    if not same_token(form.get("token", ""), token):
-        return _page(401, _login_form(ctx, req, "That token is not the server's admin token."))
-    session = new_session(token, now_ms())
+    principal = await access.principal_of(ctx, form.get("token", ""))
+    if principal is None:
+        await access.refused(ctx, req)
+        error = "That is not the server's admin token nor one of its keys."
+        return _page(401, _login_form(ctx, req, error))
+    who = ROOT_SESSION if principal.key_id is None else principal.key_id
+    session = new_session(token, now_ms(), who)
     secure = "; Secure" if _tls(req) else ""
     return redirect(
         target,
@@ -202,8 +250,9 @@ def _login_form(ctx: Context, req: Request, error: str) -> str:
         req.query.get("next") or parse_query(req.body.decode("utf-8", "replace")).get("next")
     )
     note = (
-        "This server has an admin token: enter it once; the dashboard then keeps a session "
-        "cookie (not the token) for 12 hours."
+        "This server has an admin token: enter it, or a key made for you, once; the dashboard "
+        "then keeps a session cookie (not the token) for 12 hours. A read or agent key sees "
+        "everything and changes nothing."
         if ctx.admin_token is not None
         else "This server has no admin token: the dashboard is open."
     )
@@ -218,7 +267,7 @@ def _login_form(ctx: Context, req: Request, error: str) -> str:
         f"<p>{html.escape(note)}</p>{alert}"
         '<form method="post" action="/ui/login" id="login">'
         f'<input type="hidden" name="next" value="{html.escape(target)}">'
-        '<label>Admin token <input type="password" name="token" id="token" '
+        '<label>Admin token or key <input type="password" name="token" id="token" '
         'autocomplete="current-password" required autofocus></label>'
         '<button type="submit">Log in</button></form></main></body></html>'
     )

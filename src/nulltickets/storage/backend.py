@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Raw
 
 from nulltickets.domain.model import (
+    Access,
     Artifact,
     Assignment,
     Dependency,
@@ -33,6 +34,7 @@ from nulltickets.domain.model import (
     Failure,
     FailureGroup,
     FeedEvent,
+    KeyInfo,
     LeaseRow,
     NamespaceSummary,
     Pipeline,
@@ -924,3 +926,42 @@ class Backend:
 
     def purge_idempotency(self, before: int) -> int:
         return self._exec("purge_idempotency", {"before": before})
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    def insert_api_key(
+        self, *, id: str, key_hash: bytes, name: str, access: str, roles: list[str], now: int
+    ) -> None:
+        params = {
+            "id": id,
+            "key_hash": key_hash,
+            "name": name,
+            "access": access,
+            "roles_json": _encode(roles).decode(),
+            "now": now,
+        }
+        self._exec("insert_api_key", params)
+
+    def api_key_by_hash(self, key_hash: bytes) -> KeyInfo | None:
+        row = self._one("api_key_by_hash", {"key_hash": key_hash})
+        return None if row is None else _key(row)
+
+    def api_key_by_id(self, id: str) -> KeyInfo | None:
+        row = self._one("api_key_by_id", {"id": id})
+        return None if row is None else _key(row)
+
+    def list_api_keys(self) -> list[KeyInfo]:
+        return [_key(r) for r in self._all("list_api_keys")]
+
+    def delete_api_key(self, id: str) -> KeyInfo | None:
+        """Delete the key; what it was, or None if there was none."""
+        row = self._one("delete_api_key", {"id": id})
+        return None if row is None else _key(row)
+
+
+_roles = msgspec.json.Decoder(list[str])
+
+
+def _key(row: Sequence[Any]) -> KeyInfo:
+    id_, name, access, roles_json, created = row
+    return KeyInfo(id_, name, Access(access), _roles.decode(roles_json), created)

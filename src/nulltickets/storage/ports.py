@@ -101,6 +101,26 @@ class Notifier(Protocol):
         loop; with none, on the thread that committed)."""
         ...
 
+    def revoke(self, b: Backend, key_id: str) -> None:
+        """Inside the unit of work `b`: key `key_id` was revoked. Once the unit commits, every
+        process's `on_revoke` callbacks hear it (PostgreSQL: every server's, by NOTIFY)."""
+        ...
+
+    def on_revoke(self, callback: Callable[[str | None], None]) -> None:
+        """Call `callback(key_id)` for every committed revocation of any process, on the
+        notifier's own thread (SQLite: the committing one, before the unit's caller hears of
+        the commit; PostgreSQL: the listening one), so it must be quick and thread-safe.
+        `callback(None)`: revocations may have been missed (PostgreSQL's listening connection
+        was lost and is back), so nothing known about keys can be trusted any more."""
+        ...
+
+    @property
+    def revocations_heard(self) -> bool:
+        """Whether every revocation committed from now on reaches this process's `on_revoke`
+        callbacks: always on SQLite, on PostgreSQL while the listening connection is up. A
+        cache of keys is trusted only then."""
+        ...
+
     def waiting(self) -> AbstractContextManager[None]:
         """Held by a long-poll claim from before its first attempt until it returns."""
         ...

@@ -40,9 +40,10 @@ TABLES = (
     "otlp_batches",
     "otlp_spans",
     "store",
+    "api_keys",
 )
 # A table holding any of these rows makes the target "not empty".
-CONTENT = ("pipelines", "tasks", "store", "idempotency_keys", "otlp_batches")
+CONTENT = ("pipelines", "tasks", "store", "idempotency_keys", "otlp_batches", "api_keys")
 # PostgreSQL columns with SQLite's insertion order (rowid).
 SEQ = "seq"
 

@@ -7,6 +7,12 @@ const liveBadge = document.getElementById("live");
 const path = location.pathname.replace(/\/+$/, "");
 const parts = path.split("/").filter(Boolean).slice(1); // after "ui"
 const page = parts[0] || "overview";
+// What the server said of this session (ui.py): whether it has a token to log out of, and the
+// session's access. Only an admin session is offered the buttons that change tasks; the API
+// refuses a read or agent session's writes anyway.
+const session = document.body.dataset;
+const canAct = session.access === "admin";
+if (session.login !== "on") document.querySelector("form.logout")?.remove();
 
 for (const a of document.querySelectorAll("header nav a")) {
   if (a.dataset.page === page || (page === "task" && a.dataset.page === "tasks")) a.classList.add("active");
@@ -353,6 +359,7 @@ function timeline(task, runsPage, firstPage) {
 }
 
 function verbButtons(task, after, finished = Boolean(task.cancelled_at_ms)) {
+  if (!canAct) return null;
   // Cancel only where it can do something: not on a task that is cancelled already or sits
   // in a terminal stage (the caller knows the pipeline), and only once confirmed.
   const act = async (verb) => {

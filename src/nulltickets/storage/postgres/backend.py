@@ -64,6 +64,8 @@ class PostgresBackend(Backend):
         self.writing = writing
         # Wake-ups of this unit of work, sent in one pg_notify just before its COMMIT.
         self.notifications: list[tuple[str, int, str | None]] = []
+        # Keys this unit of work revoked, told to every server at its COMMIT.
+        self.revoked: list[str] = []
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
@@ -96,11 +98,18 @@ class PostgresBackend(Backend):
     def notify(self, role: str, at_ms: int, agent: str | None = None) -> None:
         self.notifications.append((role, at_ms, agent))
 
+    def revoke(self, key_id: str) -> None:
+        self.revoked.append(key_id)
+
     def send_notifications(self) -> None:
         """One pg_notify with every wake-up of the unit of work (PostgreSQL delivers it at
         COMMIT, and not at all after a rollback). A line per (role, at_ms, agent), saying how
         many wake-ups it stands for: `role<TAB>at_ms`, or `role<TAB>at_ms;count[;"agent"]`
-        (the agent as a JSON string); notifier.parse_payload reads them."""
+        (the agent as a JSON string); notifier.parse_payload reads them. One more
+        per revoked key."""
+        for key_id in dict.fromkeys(self.revoked):
+            self._exec("notify_key_revoked", {"key_id": key_id})
+        self.revoked.clear()
         if not self.notifications:
             return
         counted = Counter(self.notifications)

@@ -6,10 +6,16 @@ every server listening on the database, this one included. Each process keeps on
 that LISTENs, on a thread of its own, and hands every notification to the subscribers on
 their event loops.
 
+Revoked keys travel on a channel of their own (nulltickets_keys, the key's id as payload) and
+reach the `on_revoke` callbacks on the listening thread itself, with no hop to a loop.
+
 When that connection is lost (PostgreSQL restarted, a network cut), notifications sent
 meanwhile are gone; so once it is back, every subscriber hears EVERY_ROLE once, and every
 long-poll looks at the committed state again: a wake-up may be late by the reconnection,
-never lost. (Without a running loop at `subscribe`, callbacks run on the listening thread.)
+never lost. Revocations missed meanwhile cannot be replayed: `revocations_heard` is False
+while the connection is down, and once it listens again every `on_revoke` callback hears
+None (forget every key) before it says True. (Without a running loop at `subscribe`,
+callbacks run on the listening thread.)
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from nulltickets.storage.postgres.backend import PostgresBackend, Q
 log = logging.getLogger("nulltickets.storage")
 
 MAX_COUNT = 100_000  # wake-ups one line may stand for (more than any unit of work makes)
+KEYS_CHANNEL = "nulltickets_keys"  # see queries.sql: notify_key_revoked, listen
 POLL_S = 0.25  # how often the listening thread looks up from its wait (to stop promptly)
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
@@ -67,6 +74,7 @@ class PostgresNotifier:
         self._on_commit: list[
             tuple[Callable[[], None], asyncio.AbstractEventLoop | None, Callable[[], bool] | None]
         ] = []
+        self._on_revoke: list[Callable[[str | None], None]] = []
         self._waiting = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,6 +127,18 @@ class PostgresNotifier:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(hook)
 
+    def revoke(self, b: Backend, key_id: str) -> None:
+        if not isinstance(b, PostgresBackend):
+            raise TypeError("a PostgreSQL notification needs a PostgreSQL unit of work")
+        b.revoke(key_id)
+
+    def on_revoke(self, callback: Callable[[str | None], None]) -> None:
+        self._on_revoke.append(callback)
+
+    @property
+    def revocations_heard(self) -> bool:
+        return self.connected.is_set()
+
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         self._waiting += 1
@@ -149,6 +169,7 @@ class PostgresNotifier:
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=3) as conn:
                     conn.execute(Q["listen"])
+                    self._revoked(None)  # whatever was revoked before this LISTEN is unknown
                     self.connected.set()
                     delay = RECONNECT_MIN_S
                     if not first:
@@ -158,7 +179,10 @@ class PostgresNotifier:
                     first = False
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=POLL_S):
-                            self._deliver(parse_payload(note.payload))
+                            if note.channel == KEYS_CHANNEL:
+                                self._revoked(note.payload)
+                            else:
+                                self._deliver(parse_payload(note.payload))
             except psycopg.Error as exc:
                 if self.connected.is_set():
                     reason = redact(str(exc), self.url)
@@ -168,6 +192,13 @@ class PostgresNotifier:
                 self._stopping.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
         self.connected.clear()
+
+    def _revoked(self, key_id: str | None) -> None:
+        for callback in list(self._on_revoke):
+            try:
+                callback(key_id)
+            except Exception:  # a callback's bug must not end the listening thread
+                log.exception("a key revocation callback failed")
 
     def _deliver(self, wakes: list[tuple[str, int, str | None]]) -> None:
         if not wakes:

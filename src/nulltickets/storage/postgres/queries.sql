@@ -771,9 +771,15 @@ LIMIT :limit;
 -- "role<TAB>at_ms" lines per unit of work.
 SELECT pg_notify('nulltickets_claimable', :payload);
 
+-- notify_key_revoked --
+-- A key was revoked (its id), sent with the unit of work's COMMIT: every server forgets it.
+SELECT pg_notify('nulltickets_keys', :key_id);
+
 -- listen --
--- The Notifier's listening connection, one per process (notifier.py).
+-- The Notifier's listening connection, one per process (notifier.py): wake-ups and revoked
+-- keys.
 LISTEN nulltickets_claimable;
+LISTEN nulltickets_keys;
 
 -- lock_idempotency_key --
 -- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
@@ -1117,3 +1123,30 @@ FROM (
 GROUP BY g.state, g.error
 ORDER BY count(*) DESC, max(g.at_ms) DESC, g.state, g.error
 LIMIT :limit;
+
+-- insert_api_key --
+-- A new key: only its SHA-256 is stored.
+INSERT INTO api_keys (id, key_hash, name, access, roles_json, created_at_ms)
+VALUES (:id, :key_hash, :name, :access, :roles_json, :now);
+
+-- api_key_by_hash --
+-- The key a bearer names (by the SHA-256 of the presented text), if it exists.
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+WHERE key_hash = :key_hash;
+
+-- api_key_by_id --
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+WHERE id = :id;
+
+-- list_api_keys --
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+ORDER BY created_at_ms, id;
+
+-- delete_api_key --
+-- Revoke a key: its row goes, and with it every session and request that names it.
+DELETE FROM api_keys
+WHERE id = :id
+RETURNING id, name, access, roles_json, created_at_ms;

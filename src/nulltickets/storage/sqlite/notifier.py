@@ -7,6 +7,8 @@ seen here: `notify` collects (role, at_ms) during a batch, the writer takes them
 is long-polling, a "work now" notification has nobody to wake (every later claim reads the
 committed state first) and is dropped at once, and `listening` lets the service skip the
 lookups it would need: measured, that keeps a transition at its cost without long-polls.
+A revoked key is handed over the same way, to the `on_revoke` callbacks on the committing
+thread, before the batch's callers hear that their writes committed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class LocalNotifier:
         self._subscribers: list[tuple[Wake, asyncio.AbstractEventLoop | None]] = []
         self._waiting = 0  # long-poll claims in progress
         self._on_commit: list[OnCommit] = []
+        self._revoked: list[str] = []
+        self._on_revoke: list[Callable[[str | None], None]] = []
 
     @property
     def listening(self) -> bool:
@@ -52,6 +56,16 @@ class LocalNotifier:
     ) -> None:
         self._on_commit.append((callback, _loop_or_running(loop), wanted))
 
+    def revoke(self, b: Backend, key_id: str) -> None:
+        self._revoked.append(key_id)
+
+    def on_revoke(self, callback: Callable[[str | None], None]) -> None:
+        self._on_revoke.append(callback)
+
+    @property
+    def revocations_heard(self) -> bool:
+        return True  # one process writes the file: every revocation commits here
+
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         self._waiting += 1
@@ -66,10 +80,19 @@ class LocalNotifier:
         `on_commit` callbacks that want it. Returns what hands them over, which the writer
         calls once that commit is durable, or None when there is nothing to hand over."""
         hooks = [(h, lp) for h, lp, wanted in self._on_commit if wanted is None or wanted()]
+        if self._revoked:
+            revoked, self._revoked = self._revoked, []
+            hooks[:0] = [(functools.partial(_forget, revoked, self._on_revoke), None)]
         if not self._pending and not hooks:
             return None
         pending, self._pending = self._pending, []
         return functools.partial(_hand_over, pending, hooks, self._subscribers)
+
+
+def _forget(revoked: list[str], callbacks: list[Callable[[str | None], None]]) -> None:
+    for key_id in revoked:
+        for callback in callbacks:
+            callback(key_id)
 
 
 def _hand_over(

@@ -951,3 +951,30 @@ FROM (
 GROUP BY g.state, g.error
 ORDER BY count(*) DESC, max(g.at_ms) DESC, g.state, g.error
 LIMIT :limit;
+
+-- insert_api_key --
+-- A new key: only its SHA-256 is stored.
+INSERT INTO api_keys (id, key_hash, name, access, roles_json, created_at_ms)
+VALUES (:id, :key_hash, :name, :access, :roles_json, :now);
+
+-- api_key_by_hash --
+-- The key a bearer names (by the SHA-256 of the presented text), if it exists.
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+WHERE key_hash = :key_hash;
+
+-- api_key_by_id --
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+WHERE id = :id;
+
+-- list_api_keys --
+SELECT id, name, access, roles_json, created_at_ms
+FROM api_keys
+ORDER BY created_at_ms, id;
+
+-- delete_api_key --
+-- Revoke a key: its row goes, and with it every session and request that names it.
+DELETE FROM api_keys
+WHERE id = :id
+RETURNING id, name, access, roles_json, created_at_ms;
