@@ -9,16 +9,13 @@ they go to the test's temporary directory.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
@@ -29,41 +26,6 @@ from tests.server import Client, Server
 
 TOKEN = "browser-secret"
 WAIT_S = 20
-
-
-def _binary(*names: str) -> str:
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise RuntimeError(f"none of {names} is installed: run `make browser` (scripts/browser.sh)")
-
-
-@pytest.fixture(scope="session")
-def driver() -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = _binary("chromium", "chromium-browser")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    options.add_argument("--window-size=1280,900")
-    service = Service(executable_path=_binary("chromedriver"))
-    browser = webdriver.Chrome(service=service, options=options)
-    yield browser
-    browser.quit()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(tmp_path_factory.mktemp("browser") / "browser.db").start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def api(server: Server) -> Iterator[Client]:
-    c = server.client()
-    yield c
-    c.close()
 
 
 def wait(driver: WebDriver) -> WebDriverWait[WebDriver]:

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
@@ -55,41 +52,6 @@ async function attempt(name, run) {
   window.results = results;
 })();
 </script></body></html>"""
-
-
-def _binary(*names: str) -> str:
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise RuntimeError(f"none of {names} is installed: run `make browser` (scripts/browser.sh)")
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = _binary("chromium", "chromium-browser")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    browser = webdriver.Chrome(
-        service=Service(executable_path=_binary("chromedriver")), options=options
-    )
-    yield browser
-    browser.quit()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(tmp_path_factory.mktemp("foreign") / "target.db").start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def api(server: Server) -> Iterator[Client]:
-    c = server.client()
-    yield c
-    c.close()
 
 
 class Site:
