@@ -120,7 +120,7 @@ def test_a_claim_takes_the_most_urgent_then_the_oldest_task(pg_conn: Conn) -> No
     same_ms = [make_task(pg_conn, pipeline_id, now=2, priority=1) for _ in range(3)]
     urgent = make_task(pg_conn, pipeline_id, now=3, priority=5)
     later = make_task(pg_conn, pipeline_id, now=NOW + 1, priority=9)  # not eligible yet
-    run(pg_conn, "schedule_retry", id=later, next_eligible_at_ms=NOW + 1, now=NOW)
+    run(pg_conn, "schedule_retry", id=later, next_eligible_at_ms=NOW + 1, now=NOW, error=None)
     order = [claim(pg_conn, role, "a")[0] for _ in range(6)]
     assert order == [urgent, old, *same_ms, None]  # same ms: in the order they were created
 
@@ -171,7 +171,7 @@ def test_concurrent_reapers_share_the_expired_leases(pg_shared_dsn: str, pg_conn
     pipeline_id = make_pipeline(pg_conn, role)
     for _ in range(6):
         task_id = make_task(pg_conn, pipeline_id)
-        run(pg_conn, "schedule_retry", id=task_id, next_eligible_at_ms=epoch, now=epoch)
+        run(pg_conn, "schedule_retry", id=task_id, next_eligible_at_ms=epoch, now=epoch, error=None)
     while claim(pg_conn, role, "a", now=epoch)[0] is not None:
         pass
     pg_conn.commit()
