@@ -22,7 +22,8 @@ import pytest
 from nulltickets.client import ApiError
 from nulltickets.client import Client as PyClient
 from nulltickets.http import slowdown
-from nulltickets.http.routes import ROUTES, Auth, Route
+from nulltickets.http.routes import ROUTES, Route
+from nulltickets.service.verbs import Guard as Auth
 from tests.cli import one_line, run_cli
 from tests.conftest import claimed, make_task, pipeline_with_roles, server_dsn, unique
 from tests.pgserver import PostgresServer

@@ -33,7 +33,8 @@ from schemathesis.specs.openapi import checks as openapi_checks
 from nulltickets.domain.fsm import parse_definition
 from nulltickets.domain.search import search_terms
 from nulltickets.errors import InvalidPipeline
-from nulltickets.http.routes import ROUTES, Auth
+from nulltickets.http.routes import ROUTES
+from nulltickets.service.verbs import Guard as Auth
 from nulltickets.storage.sqlite.search import fts_query
 from tests.reliability.report import Recorder, scale, soak
 from tests.server import PIPELINE, Client, Server
@@ -210,7 +211,7 @@ def fuzz_operation(
     examples: int,
 ) -> None:
     secured = gate_of(operation) is Auth.LEASE  # a lease token opens it
-    admin_gated = gate_of(operation) is Auth.ADMIN
+    admin_gated = gate_of(operation) is Auth.KEY
 
     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
     @fuzz_settings(examples)

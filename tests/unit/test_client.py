@@ -21,6 +21,7 @@ from nulltickets.client import (
     RetryEvent,
     Unreachable,
 )
+from nulltickets.http.openapi import OPENAPI_ROUTES
 from nulltickets.http.request import split_path
 from nulltickets.http.routes import ROUTES, Router
 
@@ -93,7 +94,7 @@ def _segments(call: Call[Any]) -> list[str]:
 
 
 def test_every_route_has_a_call_and_every_call_a_route() -> None:
-    router = Router(ROUTES)
+    router = Router(ROUTES + OPENAPI_ROUTES)
     covered = set()
     for name, call in SAMPLES.items():
         found = router.match(call.method, _segments(call))

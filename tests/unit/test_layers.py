@@ -56,9 +56,89 @@ def test_nothing_above_storage_imports_a_backend_or_a_driver(path: Path) -> None
     assert not bad, f"{path.relative_to(SRC)} imports {bad}"
 
 
-def test_the_service_sees_storage_only_through_the_ports() -> None:
-    storage = {m for m in imports_of(SRC / "service.py") if m.startswith("nulltickets.storage")}
-    assert storage == {"nulltickets.storage.backend", "nulltickets.storage.ports"}
+@pytest.mark.parametrize("path", modules(SRC / "service"), ids=lambda p: p.name)
+def test_the_service_sees_storage_only_through_the_ports_and_knows_no_http(path: Path) -> None:
+    found = imports_of(path)
+    storage = {m for m in found if m.startswith("nulltickets.storage")}
+    assert storage <= {"nulltickets.storage.backend", "nulltickets.storage.ports"}, path
+    assert not {m for m in found if m.startswith("nulltickets.http")}, path
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _eager_imports(path: Path, package: str) -> set[str]:
+    """The modules `path` imports when it runs: at any level (a function's import too), but
+    not under `if TYPE_CHECKING:`; `from a import b` counts as a.b when that is a module."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_import_circle_in_the_package() -> None:
+    """Modules import one way: a circle (even one a late import hides) fails."""
+    paths = {_module_name(p): p for p in modules(SRC)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = {m for m in _eager_imports(path, package) if m in paths and m != name}
+        # A package's __init__ importing its own modules is how a package is put together.
+        graph[name] = {m for m in deps if not (path.name == "__init__.py" and m.startswith(name))}
+    circles = [c for c in _strongly_connected(graph) if len(c) > 1]
+    assert not circles, circles
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def test_http_opens_the_database_only_through_the_factory() -> None:

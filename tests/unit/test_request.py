@@ -4,7 +4,8 @@ import pytest
 
 from nulltickets.errors import InvalidCursor, InvalidLimit
 from nulltickets.http.request import Request, parse_query, split_path
-from nulltickets.http.routes import ROUTES, Auth, Router, gate
+from nulltickets.http.routes import ROUTES, Router, gate
+from nulltickets.service.verbs import Guard as Auth
 
 
 def req(query: str) -> Request:
@@ -61,8 +62,8 @@ def test_gate_classifies_paths_by_segments_alone() -> None:
     assert gate([".well-known", "openapi.json"]) is Auth.NONE
     assert gate(["runs", "x", "events"]) is Auth.LEASE
     assert gate(["leases", "x", "heartbeat", "more"]) is Auth.LEASE
-    assert gate(["leases", "claim"]) is Auth.ADMIN
-    assert gate(["nope"]) is Auth.ADMIN
+    assert gate(["leases", "claim"]) is Auth.KEY
+    assert gate(["nope"]) is Auth.KEY
 
 
 def test_every_route_is_reachable_by_its_own_pattern() -> None:

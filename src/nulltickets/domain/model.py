@@ -547,3 +547,30 @@ class CreatedKey(Struct):
     access: Access
     roles: list[str]
     created_at_ms: int
+
+
+# --- small answers -----------------------------------------------------------------------------
+
+
+class IdBody(msgspec.Struct):
+    id: str
+
+
+class IdsBody(msgspec.Struct):
+    ids: list[str]
+
+
+class StatusBody(msgspec.Struct):
+    status: str
+
+
+class ExpiresBody(msgspec.Struct):
+    expires_at_ms: int
+
+
+class EventIdBody(msgspec.Struct):
+    id: int
+
+
+class RunStateBody(msgspec.Struct):
+    run_id: str

@@ -1,7 +1,7 @@
 """Who a request speaks for, and what that may do: the `--token` (the root key, admin access),
 a key made with POST /keys (read, agent or admin access), or a dashboard session of either.
 
-On a server with a token, every gated route (routes.Auth.ADMIN) needs one of them; the route
+On a server with a token, every gated route (Guard.KEY) needs one of them; the route
 says which access it needs (Route.needs: reads need `read`, the writes agents make `agent`,
 everything else `admin`), and an `agent` key claims only for its roles. A wrong token or key
 is 401 and slows its sender down (slowdown.py); a known key without the access is 403. On a
@@ -20,7 +20,7 @@ from nulltickets.domain.tokens import same_token
 from nulltickets.errors import Forbidden, Unauthorized
 
 if TYPE_CHECKING:
-    from nulltickets.http.handlers import Context
+    from nulltickets.http.context import Context
     from nulltickets.http.request import Request
     from nulltickets.http.routes import Route
 

@@ -22,18 +22,18 @@ from nulltickets.errors import (
     RequestTimeout,
     Unauthorized,
 )
-from nulltickets.http import access, ui
+from nulltickets.http import access, openapi, ui
 from nulltickets.http import metrics as prometheus
+from nulltickets.http.context import Context
 from nulltickets.http.errors import EXTRA_HEADERS, error_headers, error_response
-from nulltickets.http.handlers import Context
 from nulltickets.http.origins import OriginGuard
 from nulltickets.http.request import Request, split_path
-from nulltickets.http.response import STREAMED, WebReply
-from nulltickets.http.routes import ROUTES, WRITE_METHODS, Auth, Router, gate
+from nulltickets.http.response import STREAMED, Reply, WebReply
+from nulltickets.http.routes import ROUTES, WRITE_METHODS, Router, gate
 from nulltickets.http.sse import StreamHub
 from nulltickets.lifetime import STOP_SIGNALS, exit_after
-from nulltickets.service import Recorded as Reply
 from nulltickets.service import Service
+from nulltickets.service.verbs import Guard
 from nulltickets.storage.factory import open_database, secrets_of
 
 log = logging.getLogger("nulltickets")
@@ -52,7 +52,7 @@ SHUTDOWN_DEADLINE_S = 1.5
 class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.router = Router(ROUTES + ui.UI_ROUTES)
+        self.router = Router(ROUTES + openapi.OPENAPI_ROUTES + ui.UI_ROUTES)
         self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
@@ -65,7 +65,8 @@ class App:
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         db = open_database(self.settings.db, durability=self.settings.durability)
-        self.ctx = ctx = Context(Service(db), self.settings.token)
+        service = Service(db, keys_enabled=self.settings.token is not None)
+        self.ctx = ctx = Context(service, self.settings.token)
         ctx.hub = StreamHub(ctx.service)
         # What waits costs memory and a connection, not a request slot: the limits launch.py
         # set from what this process can hold.
@@ -198,12 +199,12 @@ class App:
             # Who speaks, before routing (contract §2.1: an unknown path is 401 without a
             # token): the bearer (the token or a key), else a dashboard session.
             kind = gate(segments)
-            if kind is Auth.ADMIN:
+            if kind is Guard.KEY:
                 if req.bearer() is not None:
                     req.principal = await access.from_bearer(ctx, req)
                 else:
                     req.principal = await ui.session_principal(ctx, req)
-            elif kind is Auth.LEASE and req.bearer() is None:
+            elif kind is Guard.LEASE and req.bearer() is None:
                 raise Unauthorized("missing Authorization: Bearer token")
         found = self.router.match(req.method, segments)
         if found is None:

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 from nulltickets import __version__, core
 from nulltickets.domain.stats import Histogram
 from nulltickets.http.request import Request
-from nulltickets.http.response import PROMETHEUS, web
-from nulltickets.service import Recorded as Reply
+from nulltickets.http.response import PROMETHEUS, Reply, web
 
 if TYPE_CHECKING:
-    from nulltickets.http.handlers import Context
+    from nulltickets.http.context import Context
 
 # Upper bounds of the latency buckets, in seconds (a long-poll claim waits up to 30 s).
 BUCKETS = (

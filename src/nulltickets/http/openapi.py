@@ -13,8 +13,12 @@ import msgspec
 
 from nulltickets import __version__
 from nulltickets.domain.model import ACCESS_ORDER, Access, allows
+from nulltickets.http.context import Context
 from nulltickets.http.errors import STATUS, ErrorBody, status_of
-from nulltickets.http.routes import ROUTES, Auth, Route
+from nulltickets.http.request import Request
+from nulltickets.http.response import Reply
+from nulltickets.http.routes import ROUTES, Route
+from nulltickets.service.verbs import Guard
 
 REF = "#/components/schemas/{name}"
 ADMIN_SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}, {}]  # a token, or none
@@ -71,7 +75,7 @@ def _operation_id(route: Route) -> str:
 
 def _collect_types() -> list[Any]:
     types: list[Any] = [ErrorBody, PipelineDefinition]
-    for route in ROUTES:
+    for route in ROUTES + OPENAPI_ROUTES:
         for t in (route.request, route.response):
             if t is not None and t not in types:
                 types.append(t)
@@ -151,9 +155,9 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     codes: dict[int, list[str]] = {}
     for exc in route.errors:
         codes.setdefault(status_of(exc()), []).append(exc.code)
-    if route.auth is not Auth.NONE:
+    if route.auth is not Guard.NONE:
         codes.setdefault(401, []).append("unauthorized")
-    if route.auth is Auth.ADMIN and route.needs is not Access.READ:
+    if route.auth is Guard.KEY and route.needs is not Access.READ:
         codes.setdefault(403, []).append("forbidden")
     if route.pattern == "/leases/claim":
         codes.setdefault(403, []).append("forbidden")
@@ -180,9 +184,9 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     # read only an operation's own security, and take any non-empty one as "a token is
     # required": so the gated routes inherit theirs and a generated client calls them with or
     # without a token.
-    if route.auth is Auth.LEASE and route.method != "GET":
+    if route.auth is Guard.LEASE and route.method != "GET":
         op["security"] = LEASE_SECURITY
-    elif route.auth is Auth.NONE:
+    elif route.auth is Guard.NONE:
         op["security"] = []
     return op
 
@@ -191,9 +195,9 @@ def _access(route: Route) -> list[str]:
     """Who may call the route on a server with a --token: the access levels of the keys that
     may (the token has `admin`), and `lease` where the lease token of the path's run or lease
     is what it takes. Empty for the routes anyone may call."""
-    if route.auth is Auth.NONE:
+    if route.auth is Guard.NONE:
         return []
-    if route.auth is Auth.LEASE:
+    if route.auth is Guard.LEASE:
         # Reading a run's events also takes any key (or the token); writing takes the lease.
         return (
             [*(level.value for level in ACCESS_ORDER), "lease"]
@@ -211,7 +215,7 @@ def document() -> bytes:
     for name, prop in _DEFINITION_FIELDS:
         components[name]["properties"][prop] = schemas[PipelineDefinition]
     paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
+    for route in ROUTES + OPENAPI_ROUTES:
         paths.setdefault(route.pattern.replace("+}", "}"), {})[route.method.lower()] = _operation(
             route, schemas
         )
@@ -250,3 +254,20 @@ def document() -> bytes:
 def error_codes() -> dict[str, int]:
     """Every error code the server can send, with its status (for docs and tests)."""
     return {cls.code: status for cls, status in STATUS.items()}
+
+
+async def serve(ctx: Context, req: Request) -> Reply:
+    return Reply(200, document())
+
+
+OPENAPI_ROUTES = (
+    Route("GET", "/openapi.json", serve, "This OpenAPI document.", Guard.NONE, tag="discovery"),
+    Route(
+        "GET",
+        "/.well-known/openapi.json",
+        serve,
+        "This OpenAPI document.",
+        Guard.NONE,
+        tag="discovery",
+    ),
+)

@@ -1,5 +1,6 @@
-"""Replies that are not JSON: a body with its own headers (HTML, CSS, JS, the Prometheus text
-format, a redirect), and the mark of a reply a handler has already streamed itself (SSE).
+"""What a handler answers: a status and the body as sent (JSON unless said otherwise); replies
+that are not JSON: a body with its own headers (HTML, CSS, JS, the Prometheus text format, a
+redirect), and the mark of a reply a handler has already streamed itself (SSE).
 
 API errors never come this way: whatever a handler raises still becomes the JSON envelope.
 """
@@ -8,14 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nulltickets.service import Recorded as Reply
-
 HTML = "text/html; charset=utf-8"
 CSS = "text/css; charset=utf-8"
 JS = "text/javascript; charset=utf-8"
 SVG = "image/svg+xml"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 EVENT_STREAM = "text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A status and the encoded JSON body, as sent."""
+
+    status: int
+    body: bytes
 
 
 @dataclass(frozen=True, slots=True)

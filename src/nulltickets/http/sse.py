@@ -27,12 +27,11 @@ import msgspec
 from nulltickets.domain.model import FeedEvent
 from nulltickets.errors import InvalidCursor, Overloaded, Unauthorized
 from nulltickets.http.request import Request
-from nulltickets.http.response import EVENT_STREAM, STREAMED, WebReply
-from nulltickets.service import Recorded as Reply
+from nulltickets.http.response import EVENT_STREAM, STREAMED, Reply, WebReply
 from nulltickets.service import Service
 
 if TYPE_CHECKING:
-    from nulltickets.http.handlers import Context
+    from nulltickets.http.context import Context
 
 # A comment line every so often keeps proxies from closing an idle stream (and finds the
 # clients that went away). NULLTICKETS_SSE_HEARTBEAT_S changes it (the tests use a short one).

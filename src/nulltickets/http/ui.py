@@ -29,12 +29,12 @@ from nulltickets.errors import Unauthorized
 from nulltickets.http import access
 from nulltickets.http.access import Principal
 from nulltickets.http.request import Request, parse_query
-from nulltickets.http.response import CSS, HTML, JS, SVG, redirect, web
-from nulltickets.http.routes import Auth, Route
-from nulltickets.service import Recorded as Reply
+from nulltickets.http.response import CSS, HTML, JS, SVG, Reply, redirect, web
+from nulltickets.http.routes import Route
+from nulltickets.service.verbs import Guard
 
 if TYPE_CHECKING:
-    from nulltickets.http.handlers import Context
+    from nulltickets.http.context import Context
 
 SESSION_COOKIE = "nt_session"
 CSRF_COOKIE = "nt_csrf"
@@ -275,10 +275,10 @@ def _login_form(ctx: Context, req: Request, error: str) -> str:
 
 def _routes() -> tuple[Route, ...]:
     return (
-        Route("GET", "/", root, "Redirect to the dashboard.", Auth.NONE),
-        Route("GET", "/ui", page, "The dashboard's pages and files.", Auth.NONE, trailing=True),
-        Route("POST", "/ui/login", login, "Log in to the dashboard.", Auth.NONE),
-        Route("POST", "/ui/logout", logout, "Log out of the dashboard.", Auth.NONE),
+        Route("GET", "/", root, "Redirect to the dashboard.", Guard.NONE),
+        Route("GET", "/ui", page, "The dashboard's pages and files.", Guard.NONE, trailing=True),
+        Route("POST", "/ui/login", login, "Log in to the dashboard.", Guard.NONE),
+        Route("POST", "/ui/logout", logout, "Log out of the dashboard.", Guard.NONE),
     )
 
 

@@ -1,0 +1,26 @@
+"""What every handler is given besides its request: the service and the server's parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from nulltickets.http.slowdown import Slowdown
+from nulltickets.http.wakeups import Wakeups
+from nulltickets.service import Service
+
+if TYPE_CHECKING:
+    from nulltickets.heap import Collector
+    from nulltickets.http.metrics import Metrics
+    from nulltickets.http.sse import StreamHub
+
+
+@dataclass
+class Context:
+    service: Service
+    admin_token: str | None
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    hub: StreamHub | None = None  # GET /events/stream
+    metrics: Metrics | None = None  # GET /metrics
+    collector: Collector | None = None  # the garbage collector's settings and timings
+    slowdown: Slowdown = field(default_factory=Slowdown)  # wrong tokens and keys wait

@@ -1,0 +1,511 @@
+"""Leases and runs: claim, heartbeat, expiry, and what the holder of a run does with it
+(events, checkpoint, transition, fail, release)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from nulltickets import core
+from nulltickets import errors as e
+from nulltickets.domain import commands, fsm, model
+from nulltickets.domain.commands import (
+    AppendEvent,
+    Claim,
+    FailRun,
+    Heartbeat,
+    MoveTask,
+    ReleaseRun,
+    WriteCheckpoint,
+    compact_json,
+)
+from nulltickets.domain.ids import new_id
+from nulltickets.domain.model import (
+    AgentReleased,
+    CheckpointResult,
+    ClaimedTask,
+    ClaimResult,
+    Event,
+    EventIdBody,
+    ExpiresBody,
+    LeaseRow,
+    Released,
+    Run,
+    RunStatus,
+    StatusBody,
+    Task,
+    TransitionResult,
+)
+from nulltickets.domain.tokens import (
+    new_lease_token,
+    same_hash,
+)
+from nulltickets.errors import (
+    InvalidJson,
+    LeaseExpired,
+    LeaseNotFound,
+    LeaseSuperseded,
+    RunNotRunning,
+    TaskCancelled,
+    TaskVersionMismatch,
+    TrackerError,
+    Unauthorized,
+)
+from nulltickets.service import params as p
+from nulltickets.service.base import (
+    _NEVER,
+    REAP_BATCH,
+    SHARED_REAP_HORIZON_MS,
+    TrackerBase,
+    _json,
+    _page,
+)
+from nulltickets.service.verbs import LEASE_ERRORS, Guard, page, paging, said, verb
+from nulltickets.storage.backend import Backend
+
+
+class Leases(TrackerBase):
+    # --- leases --------------------------------------------------------------------------------
+
+    def reap_expired(self, b: Backend, now: int) -> int:
+        """Expire every lease past its time: the run goes stale, a `lease_expired` event is
+        written, and the expiry counts as a failed attempt under the task's retry policy."""
+        expired = b.expired_leases(now, REAP_BATCH)
+        if len(expired) < REAP_BATCH:
+            # Nothing can expire before the earliest remaining expiry: claims may skip the
+            # janitor until then (claims and heartbeats only ever move that time later).
+            upcoming = b.next_lease_expiry() or _NEVER
+            if self._shared:
+                upcoming = min(upcoming, now + SHARED_REAP_HORIZON_MS)
+            self._next_expiry = upcoming
+        reaped = 0
+        for lease_id, run_id, task_id in expired:
+            b.delete_lease(lease_id)
+            if not b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now):
+                continue  # another reaper (or the run's own end) came first: counted there
+            reaped += 1
+            task = b.get_task(task_id)
+            assert task is not None
+            failed = b.failed_attempts(task_id)
+            b.insert_event(
+                run_id,
+                "lease_expired",
+                _json({"reason": "lease_expired", "lease_id": lease_id, "failed_attempts": failed}),
+                now,
+            )
+            self._after_failure(b, task, run_id, failed, "lease_expired", now)
+        return reaped
+
+    def _after_failure(
+        self, b: Backend, task: Task, run_id: str, failed: int, error: str | None, now: int
+    ) -> None:
+        """Retry the task later or dead-letter it, by its policy, after the failed attempt
+        `run_id` (its `failed`-th) that reported `error`."""
+        pipeline = self._definition(b, task.pipeline_id)
+        policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
+        # The task's own retry delay wins; the stage's applies when the task set none; the
+        # default backoff when neither did (None).
+        base: int | None = task.retry_delay_ms
+        if not (base or b.retry_delay_set(task.id)):
+            base = policy.retry_delay_ms
+        outcome = core.decide_failure(
+            stage=task.stage,
+            max_attempts=task.max_attempts,
+            retry_delay_ms=base,
+            dead_letter_stage=task.dead_letter_stage,
+            pipeline=pipeline,
+            failed_attempts=failed,
+            now=now,
+            backoff=policy.retry_backoff,
+            max_delay_ms=policy.retry_max_delay_ms,
+            jitter=policy.retry_jitter,
+            rand=self._rand(),
+        )
+        self._signal(b, task.pipeline_id, task.stage)  # a lease ended: capacity is free
+        if isinstance(outcome, core.DeadLettered):
+            target = outcome.dead_letter_stage
+            b.dead_letter_task(
+                task.id,
+                stage=target if target is not None else task.stage,
+                version_bump=1 if target is not None else 0,
+                reason=outcome.reason,
+                next_eligible_at_ms=core.DEAD_LETTER_ELIGIBLE_AT,
+                error=error,
+                now=now,
+            )
+            data = {
+                "reason": outcome.reason,
+                "failed_attempts": failed,
+                "from_stage": outcome.from_stage,
+                "dead_letter_stage": target,
+            }
+            b.insert_event(run_id, "dead_letter", _json(data), now)
+            if self._listening and target is not None and pipeline is not None:
+                self._signal(b, task.pipeline_id, target)
+                if pipeline.is_terminal(target):  # dependents count this as resolved
+                    for pipeline_id, stage in b.dependent_stages(task.id):
+                        self._signal(b, pipeline_id, stage)
+        else:
+            b.schedule_retry(task.id, outcome.next_eligible_at_ms, error, now)
+            self._signal(b, task.pipeline_id, task.stage, outcome.next_eligible_at_ms)
+            data = {
+                "reason": "retry_scheduled",
+                "failed_attempts": failed,
+                "retry_delay_ms": outcome.retry_delay_ms,
+                "next_eligible_at_ms": outcome.next_eligible_at_ms,
+            }
+            b.insert_event(run_id, "retry_scheduled", _json(data), now)
+
+    def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
+        core.lease_ttl(cmd.lease_ttl_ms)  # a bad TTL is refused before anything happens
+        if now >= self._next_expiry:  # some lease may have expired: reap before choosing
+            self.reap_expired(b, now)
+        full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
+        capped = self._full_pairs(b, cmd.agent_role)
+        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
+        if task is None:
+            return None
+        if task.pipeline_id not in self._capped[cmd.agent_role][0]:
+            # A pipeline created since the role's limits were read (by another server): read
+            # them again, and choose again under them.
+            del self._capped[cmd.agent_role]
+            capped = self._full_pairs(b, cmd.agent_role)
+            task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
+            if task is None:
+                return None
+        pipeline = self._definition(b, task.pipeline_id)
+        policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
+        ttl = core.lease_ttl(
+            cmd.lease_ttl_ms, default=policy.lease_ttl_ms or core.DEFAULT_LEASE_TTL_MS
+        )
+        run_id, lease_id = new_id(), new_id()
+        attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now, lease_id)
+        fence, checkpoint_json = b.bump_fence(task.id)
+        token, token_hash = new_lease_token()
+        expires = now + ttl
+        self._next_expiry = min(self._next_expiry, expires)
+        b.insert_lease(
+            id=lease_id,
+            run_id=run_id,
+            agent_id=cmd.agent_id,
+            token_hash=token_hash,
+            expires_at_ms=expires,
+            ttl_ms=ttl,
+            fence=fence,
+            now=now,
+        )
+        run = Run(
+            run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
+        )
+        checkpoint = msgspec.Raw(checkpoint_json if checkpoint_json is not None else b"null")
+        claimed = ClaimedTask(*msgspec.structs.astuple(task))  # the Task's fields, then:
+        claimed.available_transitions = self._available(b, task)
+        claimed.checkpoint = checkpoint
+        claimed.fence = fence
+        if attempt > 1:
+            claimed.previous_failures = b.previous_failures(task.id)
+        return ClaimResult(claimed, run, lease_id, token, expires, fence)
+
+    def _full_pairs(self, b: Backend, role: str) -> list[tuple[str, str]]:
+        """(pipeline, stage) of this role whose stage policy's max_concurrency is reached."""
+        known = self._capped.get(role)
+        if known is None:
+            capped = []
+            pipelines = set()
+            for pipeline_id, stage in b.role_stages(role):
+                pipelines.add(pipeline_id)
+                pipeline = self._definition(b, pipeline_id)
+                cap = pipeline.policy(stage).max_concurrency if pipeline is not None else None
+                if cap is not None:
+                    capped.append((pipeline_id, stage, cap))
+            known = self._capped[role] = (frozenset(pipelines), capped)
+        return [(p, s) for p, s, cap in known[1] if b.leased_in_pipeline_stage(p, s) >= cap]
+
+    def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
+        """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
+        if cmd.concurrency is None or cmd.concurrency.per_state is msgspec.UNSET:
+            return []
+        limits = msgspec.json.decode(cmd.concurrency.per_state)
+        if not isinstance(limits, dict):
+            return []
+        full = []
+        for stage, raw in limits.items():
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                continue
+            try:
+                limit = int(raw)
+            except (OverflowError, ValueError):  # inf, nan
+                continue
+            if limit > 0 and b.leased_in_stage(stage) >= limit:
+                full.append(stage)
+        return full
+
+    def rotate_claim_token(self, b: Backend, lease_id: str) -> str:
+        """A replayed claim gets the same lease under a fresh token (tokens are never stored)."""
+        token, token_hash = new_lease_token()
+        b.rotate_lease_token(lease_id, token_hash)
+        return token
+
+    @staticmethod
+    def _live_lease(lease: LeaseRow | None, token_hash: bytes, now: int) -> LeaseRow:
+        if lease is None:
+            raise LeaseNotFound()
+        if not same_hash(lease.token_hash, token_hash):
+            raise Unauthorized("lease token does not match")
+        if lease.expires_at_ms <= now:
+            raise LeaseExpired()
+        return lease
+
+    def check_run_lease(
+        self,
+        b: Backend,
+        run_id: str,
+        token_hash: bytes,
+        now: int,
+        expected_fence: int | None = None,
+    ) -> LeaseRow:
+        """The live lease of `run_id` held with `token_hash`. With `expected_fence`, a task
+        that has been claimed again since that fence is 409 lease_superseded, whether or not
+        the old lease still exists."""
+        lease = b.lease_by_run(run_id)
+        if expected_fence is not None:
+            current = lease.fence if lease is not None else b.task_fence_of_run(run_id)
+            if current is not None and current != expected_fence:
+                raise LeaseSuperseded(
+                    f"the task was claimed again: fence {current}, not {expected_fence}"
+                )
+        if lease is None and b.run_status(run_id) == RunStatus.CANCELLED:
+            raise TaskCancelled()
+        return self._live_lease(lease, token_hash, now)
+
+    @verb(
+        "POST",
+        "/leases/{id}/heartbeat",
+        "Extend a lease by its TTL (or the lease_ttl_ms given).",
+        guard=Guard.LEASE,
+        request=commands.Heartbeat,
+        response=ExpiresBody,
+        errors=(*LEASE_ERRORS, e.InvalidJson, e.InvalidLeaseTtl),
+        trailing=True,
+        optional_body=True,
+        tag="leases",
+        answer=ExpiresBody,
+    )
+    def heartbeat(
+        self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
+    ) -> int:
+        lease = b.lease_by_id(lease_id)
+        if cmd.expected_fence is not None:
+            current = lease.fence if lease is not None else b.task_fence_of_lease(lease_id)
+            if current is not None and current != cmd.expected_fence:
+                raise LeaseSuperseded(
+                    f"the task was claimed again: fence {current}, not {cmd.expected_fence}"
+                )
+        if lease is None and b.run_status_of_lease(lease_id) == RunStatus.CANCELLED:
+            raise TaskCancelled()
+        return self._extend(b, self._live_lease(lease, token_hash, now), cmd.lease_ttl_ms, now)
+
+    def _extend(self, b: Backend, lease: LeaseRow, requested_ttl: int | None, now: int) -> int:
+        ttl = core.lease_ttl(requested_ttl, default=lease.ttl_ms or core.DEFAULT_LEASE_TTL_MS)
+        expires = now + ttl
+        b.extend_lease(lease.id, expires, ttl, now)
+        return expires
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    @verb(
+        "POST",
+        "/runs/{id}/events",
+        "Append an event to a run.",
+        guard=Guard.LEASE,
+        client="event",
+        request=commands.AppendEvent,
+        response=EventIdBody,
+        status=201,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        tag="runs",
+        answer=EventIdBody,
+    )
+    def append_event(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: AppendEvent, now: int
+    ) -> int:
+        """Record an event under the run's lease. With the lease in order (nearly always) that
+        is one statement; otherwise `check_run_lease` says what is wrong with it."""
+        try:
+            data = compact_json(cmd.data, "{}") or "{}"
+        except InvalidJson:
+            self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+            raise  # a lease error, if any, comes first
+        event_id = b.insert_event_under_lease(
+            run_id, token_hash, cmd.expected_fence, cmd.kind, data, now
+        )
+        if event_id is None:
+            self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+            # The lease passed the check the statement refused (a stored hash SQL compares
+            # differently): the check is the authority.
+            event_id = b.insert_event(run_id, cmd.kind, data, now)
+        return event_id
+
+    @verb(
+        "GET",
+        "/runs/{id}/events",
+        "A run's events, oldest first.",
+        guard=Guard.LEASE,
+        response=model.EventPage,
+        errors=(e.Unauthorized, e.InvalidLimit, e.InvalidCursor),
+        query=paging(100, p.id_cursor()),
+        trailing=True,
+        tag="runs",
+        answer=page,
+        custom=True,
+    )
+    def list_events(
+        self, b: Backend, run_id: str, after: int, limit: int
+    ) -> tuple[list[Event], str | None]:
+        rows = b.list_events(run_id, after, limit + 1)
+        return _page(rows, limit, lambda e: str(e.id))
+
+    @verb(
+        "POST",
+        "/runs/{id}/transition",
+        "Complete the run and move its task along a transition.",
+        guard=Guard.LEASE,
+        request=commands.MoveTask,
+        response=model.TransitionResult,
+        errors=(
+            *LEASE_ERRORS,
+            e.InvalidJson,
+            e.RunNotRunning,
+            e.IllegalTransition,
+            e.ExpectedStageMismatch,
+            e.TaskVersionMismatch,
+        ),
+        trailing=True,
+        tag="runs",
+    )
+    def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
+        if lease.run_status != RunStatus.RUNNING:
+            raise RunNotRunning()
+        pipeline = self._definition(b, lease.pipeline_id)
+        if pipeline is None:
+            raise TrackerError("the task's pipeline cannot be read")
+        move = core.decide_transition(
+            pipeline=pipeline,
+            stage=lease.stage,
+            task_version=lease.task_version,
+            trigger=cmd.trigger,
+            expected_stage=cmd.expected_stage,
+            expected_task_version=cmd.expected_task_version,
+        )
+        usage = compact_json(cmd.usage, "{}") or "{}"
+        if not b.end_run(lease.run_id, RunStatus.COMPLETED, usage, None, now):
+            raise RunNotRunning()
+        if not b.move_task(lease.task_id, move.to_stage, lease.task_version, now):
+            raise TaskVersionMismatch()
+        b.delete_lease(lease.id)
+        instructions = cmd.instructions if cmd.instructions is not None else move.instructions
+        data = {
+            "trigger": cmd.trigger,
+            "from": lease.stage,
+            "to": move.to_stage,
+            "instructions": instructions or "",
+        }
+        b.insert_event(lease.run_id, "transition", _json(data), now)
+        if self._listening:
+            self._signal(b, lease.pipeline_id, lease.stage)  # capacity freed in the old stage
+            self._signal(b, lease.pipeline_id, move.to_stage)  # new work in the new one
+            if pipeline.is_terminal(move.to_stage):  # dependents may be unblocked
+                for pipeline_id, stage in b.dependent_stages(lease.task_id):
+                    self._signal(b, pipeline_id, stage)
+        return TransitionResult(lease.stage, move.to_stage, cmd.trigger)
+
+    @verb(
+        "POST",
+        "/runs/{id}/fail",
+        "Fail the run: retry later or dead-letter by the task's policy.",
+        guard=Guard.LEASE,
+        request=commands.FailRun,
+        response=StatusBody,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        tag="runs",
+        answer=said("failed"),
+    )
+    def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
+        task = b.get_task(lease.task_id)
+        if task is None:
+            raise TrackerError("the run's task cannot be read")
+        usage = compact_json(cmd.usage, "{}") or "{}"
+        if not b.end_run(lease.run_id, RunStatus.FAILED, usage, cmd.error, now):
+            raise RunNotRunning()  # ended meanwhile (a reaper, a cancel): its end counted
+        b.delete_lease(lease.id)
+        self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), cmd.error, now)
+
+    @verb(
+        "PUT",
+        "/runs/{id}/checkpoint",
+        "Merge a JSON object into the task's checkpoint (RFC 7396) and extend the lease.",
+        guard=Guard.LEASE,
+        name="write_checkpoint",
+        client="checkpoint",
+        request=commands.WriteCheckpoint,
+        response=model.CheckpointResult,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        extra=True,
+        tag="runs",
+    )
+    def checkpoint(
+        self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
+    ) -> CheckpointResult:
+        """Merge the patch into the task's checkpoint, extend the lease, record an event."""
+        patch = compact_json(cmd.checkpoint, None)
+        if patch is None or not patch.startswith("{"):
+            raise InvalidJson("checkpoint must be a JSON object (an RFC 7396 merge patch)")
+        merged = b.merge_checkpoint(lease.task_id, patch)
+        expires = self._extend(b, lease, None, now)
+        b.insert_event(lease.run_id, "checkpoint", patch, now)
+        return CheckpointResult(msgspec.Raw(merged), expires, lease.fence)
+
+    @verb(
+        "POST",
+        "/runs/{id}/release",
+        "Put the task down on purpose: claimable again at once, not a failed attempt.",
+        guard=Guard.LEASE,
+        request=commands.ReleaseRun,
+        response=model.Released,
+        errors=(*LEASE_ERRORS, e.InvalidJson),
+        trailing=True,
+        extra=True,
+        optional_body=True,
+        tag="runs",
+    )
+    def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
+        """Put the task down on purpose: claimable again at once, not a failed attempt."""
+        if not b.end_run(lease.run_id, RunStatus.RELEASED, "{}", cmd.reason, now):
+            raise RunNotRunning()
+        b.delete_lease(lease.id)
+        data = {"reason": cmd.reason or "released", "agent_id": lease.agent_id}
+        b.insert_event(lease.run_id, "released", _json(data), now)
+        self._signal(b, lease.pipeline_id, lease.stage)
+        return Released("released", lease.run_id, lease.task_id)
+
+    @verb(
+        "POST",
+        "/agents/release",
+        "Release every task an agent holds (a stop hook for coding agents).",
+        request=commands.ReleaseAgent,
+        response=model.AgentReleased,
+        errors=(e.InvalidJson,),
+        extra=True,
+        tag="leases",
+    )
+    def release_agent(self, b: Backend, cmd: commands.ReleaseAgent, now: int) -> AgentReleased:
+        """Release every live lease `cmd.agent_id` holds (an agent stopping on purpose)."""
+        agent_id, reason = cmd.agent_id, cmd.reason
+        released = []
+        for run_id in b.leases_of_agent(agent_id):
+            lease = b.lease_by_run(run_id)
+            if lease is not None and lease.expires_at_ms > now:
+                released.append(self.release(b, lease, ReleaseRun(reason or "agent paused"), now))
+        return AgentReleased(agent_id, released)
