@@ -1,5 +1,6 @@
 -- The statements both backends run word for word, by name. Parameters are :name (queries.py
 -- turns them into psycopg's %(name)s for PostgreSQL). Time is always a parameter (:now).
+-- Booleans are written true and false: SQLite stores them as 1 and 0, PostgreSQL as BOOLEAN.
 -- A statement whose text differs between SQLite and PostgreSQL lives under its name in
 -- storage/sqlite/queries.sql and storage/postgres/queries.sql instead, and only there: a name is
 -- defined once per backend, never here and in a backend's file (queries.load_backend_queries
@@ -86,6 +87,22 @@ LIMIT 1;
 -- violation of the primary key: the backend reports duplicate_dependency.
 INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
 VALUES (:task_id, :depends_on_task_id, :now);
+
+-- deactivate_assignments --
+UPDATE task_assignments
+SET active = false, updated_at_ms = :now
+WHERE task_id = :task_id AND active = true;
+
+-- upsert_assignment --
+INSERT INTO task_assignments (task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms)
+VALUES (:task_id, :agent_id, :assigned_by, true, :now, :now)
+ON CONFLICT (task_id, agent_id) DO UPDATE
+SET assigned_by = excluded.assigned_by, active = true, updated_at_ms = excluded.updated_at_ms;
+
+-- unassign --
+UPDATE task_assignments
+SET active = false, updated_at_ms = :now
+WHERE task_id = :task_id AND agent_id = :agent_id AND active = true;
 
 -- next_lease_expiry --
 SELECT min(expires_at_ms) FROM leases;
@@ -288,6 +305,18 @@ SELECT
 FROM otlp_spans
 WHERE run_id = :run_id AND id > :after_id
 ORDER BY id
+LIMIT :limit;
+
+-- events_feed --
+-- Run events after :after_id across every run (the live stream reads this once per commit for
+-- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
+-- (The CAST: PostgreSQL must know the type of a parameter it only tests for NULL.)
+SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE e.id > :after_id AND (CAST(:task_id AS text) IS NULL OR r.task_id = :task_id)
+ORDER BY e.id
 LIMIT :limit;
 
 -- last_event_id --

@@ -140,22 +140,6 @@ LEFT JOIN pipeline_stages AS s ON s.pipeline_id = u.pipeline_id AND s.stage = u.
 WHERE d.task_id = :task_id
 ORDER BY d.created_at_ms, d.seq;
 
--- deactivate_assignments --
-UPDATE task_assignments
-SET active = false, updated_at_ms = :now
-WHERE task_id = :task_id AND active;
-
--- upsert_assignment --
-INSERT INTO task_assignments (task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms)
-VALUES (:task_id, :agent_id, :assigned_by, true, :now, :now)
-ON CONFLICT (task_id, agent_id) DO UPDATE
-SET assigned_by = excluded.assigned_by, active = true, updated_at_ms = excluded.updated_at_ms;
-
--- unassign --
-UPDATE task_assignments
-SET active = false, updated_at_ms = :now
-WHERE task_id = :task_id AND agent_id = :agent_id AND active;
-
 -- list_assignments --
 SELECT task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms
 FROM task_assignments
@@ -480,17 +464,6 @@ ORDER BY s.pipeline_id, s.stage;
 INSERT INTO otlp_batches (received_at_ms, content_type, payload_json, payload_blob, parsed_spans)
 VALUES (:now, :content_type, :payload_json, :payload_blob, :parsed_spans)
 RETURNING id;
-
--- events_feed --
--- Run events after :after_id across every run (the live stream reads this once per commit for
--- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
-SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
-FROM events AS e
-JOIN runs AS r ON r.id = e.run_id
-JOIN tasks AS t ON t.id = r.task_id
-WHERE e.id > :after_id AND (CAST(:task_id AS text) IS NULL OR r.task_id = :task_id)
-ORDER BY e.id
-LIMIT :limit;
 
 -- stage_board --
 -- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
