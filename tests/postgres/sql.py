@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nulltickets.storage.queries import load_queries
+from nulltickets.storage.queries import load_backend_queries
 
-Q = load_queries("nulltickets.storage.postgres", "queries.sql", "pyformat")
+Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 

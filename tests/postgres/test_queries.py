@@ -1,4 +1,4 @@
-"""The PostgreSQL query file against the SQLite one and against the migrated schema."""
+"""The PostgreSQL queries (shared and its own) against the SQLite ones and the migrated schema."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from nulltickets.storage.queries import load_queries
+from nulltickets.storage.queries import load_backend_queries
 from tests.postgres.sql import Q, numbered
 
-SQLITE = load_queries("nulltickets.storage.sqlite", "queries.sql")
-POSTGRES_NAMED = load_queries("nulltickets.storage.postgres", "queries.sql")
+SQLITE = load_backend_queries("nulltickets.storage.sqlite")
+POSTGRES_NAMED = load_backend_queries("nulltickets.storage.postgres")
 
-# Queries only PostgreSQL has, and why (each also says so in queries.sql).
+# Queries only PostgreSQL has, and why (each also says so in postgres/queries.sql).
 POSTGRES_ONLY = {
     "lock_idempotency_key": "serialises concurrent replays of one key across servers",
     "schema_lock": "migrate.py: one migrator at a time",

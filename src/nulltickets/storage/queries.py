@@ -1,4 +1,12 @@
-"""Parse named SQL blocks out of a .sql file.
+"""Parse named SQL blocks out of a .sql file, and put together the queries of a backend.
+
+A backend's queries come from two files: `storage/queries.sql`, the statements both backends
+run word for word, and the backend's own `queries.sql`, those whose text differs (each name
+there in both backends' files) and the few only one backend has. A name is defined in exactly
+one of the two: a backend's file never overrides a shared statement, and `load_backend_queries`
+refuses a name found in both. A statement that comes to differ moves out of the shared file
+into both backends' files; one that comes to be the same moves into the shared file
+(tests/unit/test_queries_shared.py fails on a copy in both backends' files).
 
 A block starts with a line `-- name --`; following comment lines describe it; the statement
 runs to the next block header. Parameters are written `:name` in every file; for psycopg
@@ -90,6 +98,21 @@ def load_queries(
 ) -> dict[str, LiteralString]:
     text = resources.files(package).joinpath(filename).read_text("utf-8")
     return parse_queries(text, paramstyle)
+
+
+SHARED = "nulltickets.storage"  # the package holding the queries.sql both backends share
+
+
+def load_backend_queries(
+    package: str, paramstyle: Paramstyle = "named"
+) -> dict[str, LiteralString]:
+    """The queries of the backend in `package`: the shared file's and its own queries.sql's.
+    Raises ValueError if a name is in both (see the module's docstring)."""
+    shared = load_queries(SHARED, "queries.sql", paramstyle)
+    own = load_queries(package, "queries.sql", paramstyle)
+    if both := sorted(shared.keys() & own.keys()):
+        raise ValueError(f"{package} redefines shared queries: {', '.join(both)}")
+    return shared | own
 
 
 def parameter_names(sql: str) -> tuple[str, ...]:

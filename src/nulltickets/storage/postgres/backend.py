@@ -22,9 +22,9 @@ from psycopg import errors as pg_errors
 from nulltickets.domain.model import LeaseRow, Task
 from nulltickets.errors import StorageBusy
 from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
-from nulltickets.storage.queries import load_queries
+from nulltickets.storage.queries import load_backend_queries
 
-Q = load_queries("nulltickets.storage.postgres", "queries.sql", "pyformat")
+Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
 
 _encode = msgspec.json.encode
 

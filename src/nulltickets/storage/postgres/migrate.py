@@ -15,9 +15,9 @@ from typing import Any, LiteralString
 import psycopg
 
 from nulltickets.errors import StartupError
-from nulltickets.storage.queries import load_queries
+from nulltickets.storage.queries import load_backend_queries
 
-Q = load_queries("nulltickets.storage.postgres", "queries.sql", "pyformat")
+Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
 
 # The advisory lock key of the migrators: "NTKT", the mark SQLite files get as application_id.
 MIGRATION_LOCK = 0x4E544B54

@@ -1,6 +1,7 @@
--- Every statement the PostgreSQL backend runs, by name: the same names as
--- storage/sqlite/queries.sql, each the PostgreSQL translation of the SQLite query, plus the
--- few the PostgreSQL backend needs of its own (at the end, each with its reason). Parameters
+-- The statements of the PostgreSQL backend whose text differs from SQLite's, by name: the
+-- names of storage/sqlite/queries.sql, each the PostgreSQL translation of the SQLite query,
+-- plus the few the PostgreSQL backend needs of its own (at the end, each with its reason).
+-- What both backends run word for word is in storage/queries.sql, and only there. Parameters
 -- are :name, turned into psycopg's %(name)s when the file is loaded (queries.py, "pyformat").
 -- Time is always a parameter (:now): no now() here.
 -- Booleans are BOOLEAN: the backend passes Python bools (terminal, active, retry_delay_set).
@@ -12,21 +13,6 @@
 -- whoever ends a run holds its task's row (lock_lease_by_*, expired_leases,
 -- live_lease_of_task). A claim holds the task rows it chose (claim_candidate), so it never
 -- waits for a run being ended while holding one: its SKIP LOCKED passes over that task.
-
--- insert_pipeline --
--- A name already taken fails with a unique violation of pipelines_name_key: the backend
--- reports it as duplicate_name (the constraint is the only check).
-INSERT INTO pipelines (id, name, definition_json, created_at_ms)
-VALUES (:id, :name, :definition_json, :now);
-
--- insert_pipeline_stage --
-INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
-VALUES (:pipeline_id, :stage, :agent_role, :terminal);
-
--- get_pipeline --
-SELECT id, name, definition_json, created_at_ms
-FROM pipelines
-WHERE id = :id;
 
 -- list_pipelines --
 -- seq is the insertion order that SQLite's rowid gives.
@@ -52,9 +38,6 @@ VALUES (
 ON CONFLICT (pipeline_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
--- task_by_idempotency_key --
-SELECT id FROM tasks WHERE pipeline_id = :pipeline_id AND idempotency_key = :idempotency_key;
-
 -- task_details --
 -- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
 -- and fence, and its cancellation.
@@ -69,25 +52,9 @@ WHERE id = :id;
 -- What an agent needs to resume a task: its checkpoint and its current fence.
 SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
 
--- previous_failures --
-SELECT attempt, id, status, error_text, ended_at_ms
-FROM runs
-WHERE task_id = :task_id AND status IN ('failed', 'stale')
-ORDER BY attempt DESC
-LIMIT :limit;
-
--- retry_delay_set --
-SELECT retry_delay_set FROM tasks WHERE id = :id;
-
 -- bump_fence --
 -- A claim raises the task's fence and reads back what the agent needs to resume, in one go.
 UPDATE tasks SET fence = fence + 1 WHERE id = :id RETURNING fence, checkpoint_json::text;
-
--- task_fence_of_run --
-SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.id = :run_id;
-
--- task_fence_of_lease --
-SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.lease_id = :lease_id;
 
 -- merge_checkpoint --
 -- RFC 7396 merge patch (jsonb_merge_patch, migration 0001), applied in the same statement that
@@ -97,36 +64,11 @@ SET checkpoint_json = jsonb_merge_patch(coalesce(checkpoint_json, '{}'::jsonb), 
 WHERE id = :id
 RETURNING checkpoint_json::text;
 
--- leases_of_agent --
-SELECT l.run_id FROM leases AS l WHERE l.agent_id = :agent_id ORDER BY l.expires_at_ms;
-
--- dependent_stages --
--- (pipeline, stage) of each task waiting on this one, once per task: who may be able to claim
--- once it is done (each is a wake-up of its own).
-SELECT t.pipeline_id, t.stage
-FROM task_dependencies AS d
-JOIN tasks AS t ON t.id = d.task_id
-WHERE d.depends_on_task_id = :id;
-
 -- leased_in_pipeline_stage --
 SELECT count(*)
 FROM runs AS r
 JOIN tasks AS t ON t.id = r.task_id
 WHERE r.status = 'running' AND t.pipeline_id = :pipeline_id AND t.stage = :stage;
-
--- role_stages --
-SELECT pipeline_id, stage FROM pipeline_stages WHERE agent_role = :agent_role;
-
--- get_task --
-SELECT
-    id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
-    next_eligible_at_ms, retry_delay_ms, max_attempts, dead_letter_stage, dead_letter_reason,
-    created_at_ms, updated_at_ms
-FROM tasks
-WHERE id = :id;
-
--- task_exists --
-SELECT 1 FROM tasks WHERE id = :id;
 
 -- list_tasks --
 -- Keyset pagination: rows strictly after (:after_created, :after_id), in (created_at_ms, id) order.
@@ -189,28 +131,6 @@ WHERE s.agent_role = :agent_role
 ORDER BY t.created_at_ms, t.id
 LIMIT :limit;
 
--- task_run_state --
--- The original never writes tasks.run_id; fall back to the task's latest run.
-SELECT coalesce(
-    t.run_id,
-    (SELECT r.id FROM runs AS r WHERE r.task_id = t.id ORDER BY r.attempt DESC LIMIT 1)
-)
-FROM tasks AS t
-WHERE t.id = :id;
-
--- latest_run --
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
-FROM runs
-WHERE task_id = :task_id
-ORDER BY attempt DESC
-LIMIT 1;
-
--- insert_dependency --
--- A dependency recorded twice (two servers at once) fails with a unique violation of
--- task_dependencies_pkey: the backend reports duplicate_dependency.
-INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)
-VALUES (:task_id, :depends_on_task_id, :now);
-
 -- list_dependencies --
 -- resolved: the upstream task sits in a terminal stage of its own pipeline.
 SELECT d.depends_on_task_id, coalesce(s.terminal, false)
@@ -219,22 +139,6 @@ JOIN tasks AS u ON u.id = d.depends_on_task_id
 LEFT JOIN pipeline_stages AS s ON s.pipeline_id = u.pipeline_id AND s.stage = u.stage
 WHERE d.task_id = :task_id
 ORDER BY d.created_at_ms, d.seq;
-
--- deactivate_assignments --
-UPDATE task_assignments
-SET active = false, updated_at_ms = :now
-WHERE task_id = :task_id AND active;
-
--- upsert_assignment --
-INSERT INTO task_assignments (task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms)
-VALUES (:task_id, :agent_id, :assigned_by, true, :now, :now)
-ON CONFLICT (task_id, agent_id) DO UPDATE
-SET assigned_by = excluded.assigned_by, active = true, updated_at_ms = excluded.updated_at_ms;
-
--- unassign --
-UPDATE task_assignments
-SET active = false, updated_at_ms = :now
-WHERE task_id = :task_id AND agent_id = :agent_id AND active;
 
 -- list_assignments --
 SELECT task_id, agent_id, assigned_by, active, created_at_ms, updated_at_ms
@@ -255,9 +159,6 @@ WHERE l.expires_at_ms <= :now
 ORDER BY l.expires_at_ms
 LIMIT :limit
 FOR UPDATE OF t, l SKIP LOCKED;
-
--- next_lease_expiry --
-SELECT min(expires_at_ms) FROM leases;
 
 -- leased_in_stage --
 -- Tasks (any pipeline) in a stage of this name that hold a live lease.
@@ -351,31 +252,6 @@ VALUES (
 ON CONFLICT DO NOTHING
 RETURNING attempt;
 
--- insert_lease --
-INSERT INTO leases (
-    id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
-)
-VALUES (:id, :run_id, :agent_id, :token_hash, :expires_at_ms, :now, :ttl_ms, :fence);
-
--- lease_by_run --
--- A lease with what the lease-protected writes need of its run and task, in one lookup.
-SELECT
-    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
-    t.task_version, t.pipeline_id, l.fence, l.agent_id
-FROM leases AS l
-JOIN runs AS r ON r.id = l.run_id
-JOIN tasks AS t ON t.id = r.task_id
-WHERE l.run_id = :run_id;
-
--- lease_by_id --
-SELECT
-    l.id, l.run_id, r.task_id, l.token_hash, l.expires_at_ms, l.ttl_ms, r.status, t.stage,
-    t.task_version, t.pipeline_id, l.fence, l.agent_id
-FROM leases AS l
-JOIN runs AS r ON r.id = l.run_id
-JOIN tasks AS t ON t.id = r.task_id
-WHERE l.id = :id;
-
 -- lock_lease_by_run --
 -- lease_by_run in a unit of work that writes: the lease row stays locked until it ends, so
 -- lease-protected writes on one lease (on any server) run one after the other, each seeing
@@ -403,17 +279,6 @@ JOIN tasks AS t ON t.id = r.task_id
 WHERE l.id = :id
 FOR UPDATE OF t, l;
 
--- extend_lease --
-UPDATE leases
-SET expires_at_ms = :expires_at_ms, last_heartbeat_ms = :now, ttl_ms = :ttl_ms
-WHERE id = :id;
-
--- rotate_lease_token --
-UPDATE leases SET token_hash = :token_hash WHERE id = :id;
-
--- delete_lease --
-DELETE FROM leases WHERE id = :id;
-
 -- insert_event --
 -- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
 INSERT INTO events (run_id, ts_ms, kind, data_json)
@@ -437,91 +302,6 @@ LIMIT 1
 FOR SHARE OF l
 RETURNING id;
 
--- list_events --
-SELECT id, run_id, ts_ms, kind, data_json
-FROM events
-WHERE run_id = :run_id AND id > :after_id
-ORDER BY id
-LIMIT :limit;
-
--- end_run --
--- Guarded by status: only a running run can end.
-UPDATE runs
-SET status = :status, ended_at_ms = :now, usage_json = :usage_json, error_text = :error_text
-WHERE id = :id AND status = 'running';
-
--- move_task --
--- A completed run moves its task on: whatever failed before in the old stage is over.
-UPDATE tasks
-SET stage = :stage,
-    task_version = task_version + 1,
-    dead_letter_reason = NULL,
-    next_eligible_at_ms = 0,
-    failed_at_ms = NULL,
-    last_error = NULL,
-    updated_at_ms = :now
-WHERE id = :id AND task_version = :task_version;
-
--- failed_attempts --
--- Failures and lease expiries, over the task's whole life, less those a requeue wrote off.
-SELECT count(*) - (SELECT failures_forgiven FROM tasks WHERE id = :task_id)
-FROM runs
-WHERE task_id = :task_id AND status IN ('failed', 'stale');
-
--- schedule_retry --
--- A failed attempt (:error, what it reported) given a retry at :next_eligible_at_ms.
-UPDATE tasks
-SET next_eligible_at_ms = :next_eligible_at_ms,
-    failed_at_ms = :now,
-    last_error = :error,
-    updated_at_ms = :now
-WHERE id = :id;
-
--- dead_letter_task --
--- The failed attempt (:error) that used the task's last allowed one: parked in :stage.
-UPDATE tasks
-SET stage = :stage,
-    task_version = task_version + :version_bump,
-    dead_letter_reason = :reason,
-    next_eligible_at_ms = :next_eligible_at_ms,
-    failed_at_ms = :now,
-    last_error = :error,
-    updated_at_ms = :now
-WHERE id = :id;
-
--- cancel_task --
--- Park the task for good: a non-null dead_letter_reason keeps it out of idx_tasks_claim (a
--- dead-lettered task keeps its reason, so a requeue still knows where it came from).
-UPDATE tasks
-SET dead_letter_reason = coalesce(dead_letter_reason, 'cancelled'),
-    next_eligible_at_ms = :next_eligible_at_ms,
-    cancelled_at_ms = :now,
-    cancel_reason = :reason,
-    updated_at_ms = :now
-WHERE id = :id AND cancelled_at_ms IS NULL;
-
--- requeue_task --
--- Claimable now in :stage: no dead-letter or cancellation, no retry delay; with :reset, the
--- failed attempts so far no longer count against max_attempts.
-UPDATE tasks
-SET stage = :stage,
-    task_version = task_version + :version_bump,
-    dead_letter_reason = NULL,
-    next_eligible_at_ms = 0,
-    cancelled_at_ms = NULL,
-    cancel_reason = NULL,
-    failures_forgiven = CASE
-        WHEN :reset THEN (
-            SELECT count(*) FROM runs WHERE task_id = :id AND status IN ('failed', 'stale')
-        )
-        ELSE failures_forgiven
-    END,
-    updated_at_ms = :now
-WHERE id = :id;
-
--- task_cancellation --
-SELECT cancelled_at_ms, cancel_reason FROM tasks WHERE id = :id;
-
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
 -- Not one-to-one: the task and the lease are locked (task first, see the top), as by
@@ -535,42 +315,11 @@ WHERE t.id = :task_id AND r.status = 'running'
 LIMIT 1
 FOR UPDATE OF t, l;
 
--- run_status --
-SELECT status FROM runs WHERE id = :id;
-
--- run_status_of_lease --
-SELECT status FROM runs WHERE lease_id = :lease_id;
-
--- last_dead_letter --
--- The data of the task's latest dead_letter event: where a dead-letter policy moved it from.
-SELECT e.data_json
-FROM runs AS r
-JOIN events AS e ON e.run_id = r.id
-WHERE r.task_id = :task_id AND e.kind = 'dead_letter'
-ORDER BY e.id DESC
-LIMIT 1;
-
 -- insert_task_event --
 -- Not one-to-one: returns the new event's id, which SQLite reads from last_insert_rowid().
 INSERT INTO task_events (task_id, ts_ms, kind, data_json)
 VALUES (:task_id, :now, :kind, :data_json)
 RETURNING id;
-
--- list_task_events --
-SELECT id, task_id, ts_ms, kind, data_json
-FROM task_events
-WHERE task_id = :task_id AND id > :after_id
-ORDER BY id
-LIMIT :limit;
-
--- insert_artifact --
-INSERT INTO artifacts (
-    id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
-)
-VALUES (:id, :task_id, :run_id, :now, :kind, :uri, :sha256, :size_bytes, :meta_json);
-
--- run_exists --
-SELECT 1 FROM runs WHERE id = :id;
 
 -- list_artifacts --
 SELECT id, task_id, run_id, created_at_ms, kind, uri, sha256_hex, size_bytes, meta_json
@@ -580,17 +329,6 @@ WHERE (created_at_ms, id) > (:after_created::bigint, :after_id::text)
     AND (:run_id::text IS NULL OR run_id = :run_id::text)
 ORDER BY created_at_ms, id
 LIMIT :limit;
-
--- tasks_by_stage --
-SELECT stage, count(*) FROM tasks GROUP BY stage ORDER BY stage;
-
--- active_leases --
-SELECT count(*) FROM leases WHERE expires_at_ms > :now;
-
--- get_idempotency --
-SELECT request_hash, auth_hash, response_status, response_body
-FROM idempotency_keys
-WHERE key = :key AND method = :method AND path = :path;
 
 -- put_idempotency --
 INSERT INTO idempotency_keys (
@@ -604,31 +342,16 @@ SET request_hash = excluded.request_hash,
     response_body = excluded.response_body,
     created_at_ms = excluded.created_at_ms;
 
--- purge_idempotency --
-DELETE FROM idempotency_keys WHERE created_at_ms < :before;
-
--- put_value --
-INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
-VALUES (:namespace, :key, :value_json, :now, :now)
-ON CONFLICT (namespace, key) DO UPDATE
-SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
-
 -- get_value --
 SELECT namespace, key, value_json::text, created_at_ms, updated_at_ms
 FROM store
 WHERE namespace = :namespace AND key = :key;
-
--- delete_value --
-DELETE FROM store WHERE namespace = :namespace AND key = :key;
 
 -- list_namespace --
 SELECT namespace, key, value_json::text, created_at_ms, updated_at_ms
 FROM store
 WHERE namespace = :namespace
 ORDER BY key;
-
--- delete_namespace --
-DELETE FROM store WHERE namespace = :namespace;
 
 -- search_store --
 -- :query is the same sanitised text as on SQLite (every term a quoted phrase); store_query
@@ -742,131 +465,6 @@ INSERT INTO otlp_batches (received_at_ms, content_type, payload_json, payload_bl
 VALUES (:now, :content_type, :payload_json, :payload_blob, :parsed_spans)
 RETURNING id;
 
--- insert_otlp_span --
-INSERT INTO otlp_spans (
-    batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
-    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
-    attributes_json, resource_attributes_json, raw_json
-)
-VALUES (
-    :batch_id, :trace_id, :span_id, :parent_span_id, :name, :kind, :start_time_unix_nano,
-    :end_time_unix_nano, :status_code, :status_message, :scope_name, :scope_version, :run_id,
-    :task_id, :attributes_json, :resource_attributes_json, :raw_json
-);
-
--- list_run_spans --
-SELECT
-    id, batch_id, trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano,
-    end_time_unix_nano, status_code, status_message, scope_name, scope_version, run_id, task_id,
-    attributes_json, resource_attributes_json
-FROM otlp_spans
-WHERE run_id = :run_id AND id > :after_id
-ORDER BY id
-LIMIT :limit;
-
--- The PostgreSQL backend's own statements.
-
--- notify --
--- The Notifier's wake-ups (notifier.py), sent with the unit of work's COMMIT: one payload of
--- "role<TAB>at_ms" lines per unit of work.
-SELECT pg_notify('nulltickets_claimable', :payload);
-
--- notify_key_revoked --
--- A key was revoked (its id), sent with the unit of work's COMMIT: every server forgets it.
-SELECT pg_notify('nulltickets_keys', :key_id);
-
--- listen --
--- The Notifier's listening connection, one per process (notifier.py): wake-ups and revoked
--- keys.
-LISTEN nulltickets_claimable;
-LISTEN nulltickets_keys;
-
--- lock_idempotency_key --
--- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
--- concurrent replays of one key (on any server) then run one after the other, and each later
--- one finds the first one's stored response instead of doing the work again. SQLite needs no
--- such lock: its one writer already runs them one after the other. (Two-key advisory locks
--- live apart from migrate.py's one-key lock.)
-SELECT pg_advisory_xact_lock(
-    1314146132, hashtext(:key || chr(10) || :method || chr(10) || :path)
-);
-
--- schema_lock --
--- migrate.py: one migrator at a time, across every process starting on this database.
-SELECT pg_advisory_xact_lock(:lock_key);
-
--- schema_create --
--- migrate.py: the record of applied migrations (SQLite keeps PRAGMA user_version instead).
-CREATE TABLE IF NOT EXISTS nulltickets_schema (
-    version INTEGER PRIMARY KEY,
-    name TEXT NOT NULL,
-    applied_at_ms BIGINT NOT NULL
-);
-
--- schema_versions --
-SELECT version FROM nulltickets_schema ORDER BY version;
-
--- schema_record --
-INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);
-
--- doctor_server --
--- maintenance.py (`nulltickets doctor`): the server and this database as its session sees them.
-SELECT
-    current_setting('server_version') AS server_version,
-    current_setting('server_version_num')::INTEGER AS server_version_num,
-    pg_database_size(current_database()) AS size_bytes,
-    pg_is_in_recovery() OR current_setting('default_transaction_read_only') = 'on' AS read_only,
-    coalesce(has_schema_privilege(current_schema(), 'CREATE'), FALSE) AS can_create,
-    to_regclass('nulltickets_schema') IS NOT NULL AS migrated,
-    (
-        SELECT count(*)
-        FROM pg_tables
-        WHERE schemaname = current_schema()
-    ) AS tables;
-
--- doctor_sessions --
--- maintenance.py: the other client sessions on this database (servers, migrations, people).
-SELECT count(*)
-FROM pg_stat_activity
-WHERE datname = current_database()
-    AND pid <> pg_backend_pid()
-    AND backend_type = 'client backend';
-
--- doctor_invalid_indexes --
--- maintenance.py: indexes PostgreSQL will not use (an interrupted CREATE INDEX CONCURRENTLY, a
--- failed REINDEX): what doctor reports where SQLite's integrity_check would find damage.
-SELECT c.relname
-FROM pg_index AS i
-JOIN pg_class AS c ON c.oid = i.indexrelid
-JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE NOT i.indisvalid
-    AND n.nspname = current_schema()
-ORDER BY c.relname;
-
--- events_feed --
--- Run events after :after_id across every run (the live stream reads this once per commit for
--- all its clients), with the task and pipeline each belongs to; :task_id (or null) narrows it.
-SELECT e.id, e.run_id, r.task_id, t.pipeline_id, e.ts_ms, e.kind, e.data_json
-FROM events AS e
-JOIN runs AS r ON r.id = e.run_id
-JOIN tasks AS t ON t.id = r.task_id
-WHERE e.id > :after_id AND (CAST(:task_id AS text) IS NULL OR r.task_id = :task_id)
-ORDER BY e.id
-LIMIT :limit;
-
--- last_event_id --
-SELECT coalesce(max(id), 0) FROM events;
-
--- transitions_since --
--- Transitions per minute since :since (throughput for the dashboard). Event ids grow with time,
--- so only the newest :window ids are looked at: a bounded walk of the primary key.
-SELECT (ts_ms - :since) / 60000 AS minute, count(*)
-FROM events
-WHERE id > (SELECT coalesce(max(id), 0) FROM events) - :window
-    AND kind = 'transition' AND ts_ms >= :since
-GROUP BY 1
-ORDER BY 1;
-
 -- stage_board --
 -- Per (pipeline, stage) that names a role, where its tasks stand: (pipeline_id, stage, role,
 -- then claimable, oldest claimable created_at_ms, leased, waiting on a retry
@@ -922,14 +520,6 @@ SELECT
 FROM tasks
 WHERE dead_letter_reason IS NOT NULL;
 
--- event_kinds_since --
--- How many run events of each kind came after :after_id, and the newest id (GET /metrics
--- counts only what is new since its last scrape: a walk of the primary key from there).
-SELECT kind, count(*), max(id)
-FROM events
-WHERE id > :after_id
-GROUP BY kind;
-
 -- list_tasks_matching --
 -- GET /tasks?q=: tasks whose title or id holds :q (any case), with the other filters
 -- optional, in page order. A walk of idx_tasks_page that stops after :limit matches: a rare
@@ -953,53 +543,6 @@ WHERE (t.created_at_ms, t.id) > (:after_created::bigint, :after_id::text)
 ORDER BY t.created_at_ms, t.id
 LIMIT :limit;
 
--- list_task_runs --
--- Every run of a task, oldest attempt first, after attempt :after: who claimed it, how it
--- ended and the error it reported (the dashboard's run timeline).
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
-FROM runs
-WHERE task_id = :task_id AND attempt > :after
-ORDER BY attempt
-LIMIT :limit;
-
--- list_task_runs_newest --
--- The same runs, newest attempt first, before attempt :before (the timeline's pages: a task
--- failing in a loop may have thousands).
-SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms, error_text
-FROM runs
-WHERE task_id = :task_id AND attempt < :before
-ORDER BY attempt DESC
-LIMIT :limit;
-
--- failing_tasks --
--- Tasks failing in a loop: :min_failures or more failed (or expired) attempts since :since with
--- no completed run after them, and still to be retried (neither dead-lettered nor cancelled),
--- most failures first. Each such failure wrote a retry_scheduled event, and event ids grow
--- with time, so only the newest :window events are looked at, as transitions_since does.
-WITH retried AS (
-    SELECT r.task_id, count(*) AS failures, max(e.ts_ms) AS last_failed_at_ms,
-        max(r.attempt) AS last_attempt
-    FROM events AS e
-    JOIN runs AS r ON r.id = e.run_id
-    WHERE e.id > (SELECT coalesce(max(id), 0) FROM events) - :window
-        AND e.kind = 'retry_scheduled' AND e.ts_ms >= :since
-        AND NOT EXISTS (
-            SELECT 1 FROM runs AS c
-            WHERE c.task_id = r.task_id AND c.attempt > r.attempt AND c.status = 'completed'
-        )
-    GROUP BY r.task_id
-    HAVING count(*) >= :min_failures
-)
-SELECT
-    t.id, t.pipeline_id, t.stage, t.title, f.failures, l.error_text, f.last_failed_at_ms,
-    t.next_eligible_at_ms
-FROM retried AS f
-JOIN tasks AS t ON t.id = f.task_id
-LEFT JOIN runs AS l ON l.task_id = f.task_id AND l.attempt = f.last_attempt
-WHERE t.dead_letter_reason IS NULL
-ORDER BY f.failures DESC, f.last_failed_at_ms DESC, t.id
-LIMIT :limit;
-
 -- retry_waiting --
 -- Tasks waiting on a retry delay (not dead-lettered, cancelled nor leased), soonest claimable
 -- first, with the latest failed or stale run: its attempt, error and end. Only the stages that
@@ -1020,15 +563,6 @@ WHERE s.agent_role IS NOT NULL
     AND t.dead_letter_reason IS NULL
     AND NOT EXISTS (SELECT 1 FROM runs AS l WHERE l.task_id = t.id AND l.status = 'running')
 ORDER BY t.next_eligible_at_ms, t.id
-LIMIT :limit;
-
--- list_namespaces --
--- The store's namespaces after :after, by name: how many keys each holds, when it last changed.
-SELECT namespace, count(*), max(updated_at_ms)
-FROM store
-WHERE namespace > :after
-GROUP BY namespace
-ORDER BY namespace
 LIMIT :limit;
 
 -- list_failures --
@@ -1124,29 +658,81 @@ GROUP BY g.state, g.error
 ORDER BY count(*) DESC, max(g.at_ms) DESC, g.state, g.error
 LIMIT :limit;
 
--- insert_api_key --
--- A new key: only its SHA-256 is stored.
-INSERT INTO api_keys (id, key_hash, name, access, roles_json, created_at_ms)
-VALUES (:id, :key_hash, :name, :access, :roles_json, :now);
+-- The PostgreSQL backend's own statements.
 
--- api_key_by_hash --
--- The key a bearer names (by the SHA-256 of the presented text), if it exists.
-SELECT id, name, access, roles_json, created_at_ms
-FROM api_keys
-WHERE key_hash = :key_hash;
+-- notify --
+-- The Notifier's wake-ups (notifier.py), sent with the unit of work's COMMIT: one payload of
+-- "role<TAB>at_ms" lines per unit of work.
+SELECT pg_notify('nulltickets_claimable', :payload);
 
--- api_key_by_id --
-SELECT id, name, access, roles_json, created_at_ms
-FROM api_keys
-WHERE id = :id;
+-- notify_key_revoked --
+-- A key was revoked (its id), sent with the unit of work's COMMIT: every server forgets it.
+SELECT pg_notify('nulltickets_keys', :key_id);
 
--- list_api_keys --
-SELECT id, name, access, roles_json, created_at_ms
-FROM api_keys
-ORDER BY created_at_ms, id;
+-- listen --
+-- The Notifier's listening connection, one per process (notifier.py): wake-ups and revoked
+-- keys.
+LISTEN nulltickets_claimable;
+LISTEN nulltickets_keys;
 
--- delete_api_key --
--- Revoke a key: its row goes, and with it every session and request that names it.
-DELETE FROM api_keys
-WHERE id = :id
-RETURNING id, name, access, roles_json, created_at_ms;
+-- lock_idempotency_key --
+-- Taken first in a unit of work that carries an Idempotency-Key, before get_idempotency:
+-- concurrent replays of one key (on any server) then run one after the other, and each later
+-- one finds the first one's stored response instead of doing the work again. SQLite needs no
+-- such lock: its one writer already runs them one after the other. (Two-key advisory locks
+-- live apart from migrate.py's one-key lock.)
+SELECT pg_advisory_xact_lock(
+    1314146132, hashtext(:key || chr(10) || :method || chr(10) || :path)
+);
+
+-- schema_lock --
+-- migrate.py: one migrator at a time, across every process starting on this database.
+SELECT pg_advisory_xact_lock(:lock_key);
+
+-- schema_create --
+-- migrate.py: the record of applied migrations (SQLite keeps PRAGMA user_version instead).
+CREATE TABLE IF NOT EXISTS nulltickets_schema (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at_ms BIGINT NOT NULL
+);
+
+-- schema_versions --
+SELECT version FROM nulltickets_schema ORDER BY version;
+
+-- schema_record --
+INSERT INTO nulltickets_schema (version, name, applied_at_ms) VALUES (:version, :name, :now);
+
+-- doctor_server --
+-- maintenance.py (`nulltickets doctor`): the server and this database as its session sees them.
+SELECT
+    current_setting('server_version') AS server_version,
+    current_setting('server_version_num')::INTEGER AS server_version_num,
+    pg_database_size(current_database()) AS size_bytes,
+    pg_is_in_recovery() OR current_setting('default_transaction_read_only') = 'on' AS read_only,
+    coalesce(has_schema_privilege(current_schema(), 'CREATE'), FALSE) AS can_create,
+    to_regclass('nulltickets_schema') IS NOT NULL AS migrated,
+    (
+        SELECT count(*)
+        FROM pg_tables
+        WHERE schemaname = current_schema()
+    ) AS tables;
+
+-- doctor_sessions --
+-- maintenance.py: the other client sessions on this database (servers, migrations, people).
+SELECT count(*)
+FROM pg_stat_activity
+WHERE datname = current_database()
+    AND pid <> pg_backend_pid()
+    AND backend_type = 'client backend';
+
+-- doctor_invalid_indexes --
+-- maintenance.py: indexes PostgreSQL will not use (an interrupted CREATE INDEX CONCURRENTLY, a
+-- failed REINDEX): what doctor reports where SQLite's integrity_check would find damage.
+SELECT c.relname
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE NOT i.indisvalid
+    AND n.nspname = current_schema()
+ORDER BY c.relname;

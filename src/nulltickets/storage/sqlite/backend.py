@@ -17,11 +17,11 @@ from typing import Any
 import apsw
 
 from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
-from nulltickets.storage.queries import load_queries, parameter_names
+from nulltickets.storage.queries import load_backend_queries, parameter_names
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.search import fts_query
 
-Q = load_queries("nulltickets.storage.sqlite", "queries.sql")
+Q = load_backend_queries("nulltickets.storage.sqlite")
 
 
 def _positional(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
