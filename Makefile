@@ -37,8 +37,8 @@ test: install postgres test-tools browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts
-	$(VENV)/bin/ruff format --check src tests benchmarks cext build release scripts
+	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks cext build release scripts docs/hooks
 	@if [ -x $(VENV)/bin/actionlint ]; then \
 		$(VENV)/bin/actionlint .github/workflows/*.yml && \
 		$(VENV)/bin/zizmor --offline --min-severity low .github/workflows; \

@@ -96,7 +96,9 @@ def render_api(document: bytes) -> str:
         required = set(schema.get("required", ()))
         out += ["| field | type | required |", "|---|---|---|"]
         for field, spec in props.items():
-            out.append(f"| `{field}` | {_schema_type(spec)} | {'yes' if field in required else 'no'} |")
+            out.append(
+                f"| `{field}` | {_schema_type(spec)} | {'yes' if field in required else 'no'} |"
+            )
         out.append("")
     return "\n".join(out)
 
