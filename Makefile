@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres test-tools browser run test lint typecheck clean bench bench-quick bench-postgres binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck docs clean bench bench-quick bench-postgres binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -37,8 +37,8 @@ test: install postgres test-tools browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts
-	$(VENV)/bin/ruff format --check src tests benchmarks cext build release scripts
+	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks cext build release scripts docs/hooks
 	@if [ -x $(VENV)/bin/actionlint ]; then \
 		$(VENV)/bin/actionlint .github/workflows/*.yml && \
 		$(VENV)/bin/zizmor --offline --min-severity low .github/workflows; \
@@ -47,8 +47,14 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link or
+# warning. The API and error reference pages are rendered from the code (docs/hooks/).
+docs: install
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build/lib dist *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build/lib dist site *.egg-info src/*.egg-info .pytest_cache
 
 # The revision whose SQLite cycle rows `make bench` measures beside this tree's, interleaved
 # (benchmarks/baseline.py): main just before the storage seam and PostgreSQL. Empty: none.

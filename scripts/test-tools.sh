@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The command-line tools the tests use besides Python, from the distribution's packages:
-# curl and jq (the README's examples, which tests/e2e/test_readme.py runs). A no-op when they
-# are there; otherwise apt-get (as root, or through sudo).
+# curl and jq (the examples of the README and the docs site, which tests/e2e/test_readme.py
+# runs). A no-op when they are there; otherwise apt-get (as root, or through sudo).
 set -euo pipefail
 missing=()
 for tool in curl jq; do

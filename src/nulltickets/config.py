@@ -49,7 +49,8 @@ DURABILITIES = ("full", "normal")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-# (setting, flag, config key, environment variable): the table the README shows.
+# (setting, flag, config key, environment variable): the table docs/reference/settings.md shows
+# (tests/e2e/test_readme.py checks every row is there).
 SETTINGS = (
     ("db", "--db", "db", ENV_DB),
     ("host", "--host", "host", ENV_HOST),

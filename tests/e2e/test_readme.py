@@ -1,16 +1,25 @@
-"""The README runs as written: its shell and Python blocks, in order, against a real server.
+"""The README and the docs site run as written: their shell and Python blocks, in order, against
+a real server.
 
-The shell blocks run in one bash session (variables carry from block to block), with `set -euo
-pipefail`, in an empty directory, with this checkout's `nulltickets` first on PATH. The test
-fills in only what a reader's machine decides: the server's address (the README says
-127.0.0.1:7700; the test's server listens on a free port). A block the test cannot run (it
-builds the project, downloads a release, or starts a server that runs until stopped) says so in
-a comment right above it: `<!-- readme-test: skip REASON -->`.
+The README runs alone; the site's pages run one after another in the order of its navigation
+(mkdocs.yml), in one session, so a page continues the shell session of the pages before it as
+the site tells its reader (Getting started sets `$B` and `$pipeline`). The shell blocks run in
+one bash session (variables carry from block to block), with `set -euo pipefail`, in an empty
+directory, with this checkout's `nulltickets` first on PATH. The test fills in only what a
+reader's machine decides: the server's address (the pages say 127.0.0.1:7700; the test's server
+listens on a free port). A block the test cannot run (it builds the project, downloads a
+release, or starts a server that runs until stopped) says so in a comment right above it:
+`<!-- readme-test: skip REASON -->`.
+
+The reference pages the site renders from the code (the API, the error codes) are checked here
+too, and the settings page against the config module's table of settings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
 import re
 import select
@@ -21,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -30,6 +40,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
 RUNNABLE = ("sh", "python")
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s+(?P<why>.+?)\s*-->\s*$")
 BLOCK_TIMEOUT_S = 90
@@ -65,16 +77,42 @@ def blocks(text: str) -> list[Block]:
     return found
 
 
-def test_every_block_is_run_or_says_why_not() -> None:
-    every = blocks(README.read_text())
-    assert every, "no code blocks found"
-    for block in every:
+def site_pages() -> list[Path]:
+    """The docs site's pages in the order of its navigation."""
+    nav = re.findall(r"^\s*- (?:[^:\n]+: )?(\S+\.md)\s*$", MKDOCS.read_text(), re.MULTILINE)
+    return [DOCS / name for name in nav]
+
+
+def test_the_site_navigation_holds_every_page() -> None:
+    pages = site_pages()
+    assert len(pages) >= 20
+    missing = [p for p in pages if not p.is_file()]
+    assert missing == []
+    outside = sorted(
+        str(p.relative_to(DOCS))
+        for p in DOCS.rglob("*.md")
+        if p not in pages and "hooks" not in p.parts
+    )
+    assert outside == [], "pages not in mkdocs.yml's nav"
+
+
+@pytest.mark.parametrize("path", [README, *site_pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_is_run_or_says_why_not(path: Path) -> None:
+    for block in blocks(path.read_text()):
         if block.language in RUNNABLE or block.skip is not None:
             continue
-        # Text blocks without a language (diagrams, tables) are not code.
-        assert block.language == "", f"README.md:{block.line}: a ```{block.language} block"
-    run = [b for b in every if b.language in RUNNABLE and b.skip is None]
-    assert len(run) >= 5, "the README's examples are meant to be run"
+        # Text blocks without a language (diagrams, tables, logs) are not code.
+        where = f"{path.relative_to(ROOT)}:{block.line}"
+        assert block.language == "", f"{where}: a ```{block.language} block"
+
+
+def test_the_examples_are_meant_to_be_run() -> None:
+    def runnable(path: Path) -> int:
+        found = blocks(path.read_text())
+        return sum(1 for b in found if b.language in RUNNABLE and b.skip is None)
+
+    assert runnable(README) >= 4, "the README's examples are meant to be run"
+    assert sum(runnable(p) for p in site_pages()) >= 12, "the site's examples too"
 
 
 class Shell:
@@ -127,10 +165,11 @@ class Shell:
             self.proc.stdout.close()
 
 
-def test_the_readme_runs_as_written(tmp_path: Path) -> None:
+def run_as_written(tmp_path: Path, pages: list[Path]) -> int:
+    """Every runnable block of the pages, in order, against one fresh server; the number run."""
     for tool in ("bash", "curl", "jq"):
-        assert shutil.which(tool), f"the README's examples use {tool}: install it"
-    server = Server(tmp_path / "readme.db").start()
+        assert shutil.which(tool), f"the examples use {tool}: install it"
+    server = Server(tmp_path / "examples.db").start()
     work = tmp_path / "work"
     work.mkdir()
     bin_dir = str(Path(sys.executable).parent)
@@ -147,30 +186,87 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     shell = Shell(work, env)
     ran = 0
     try:
-        for block in blocks(README.read_text()):
-            if block.language not in RUNNABLE or block.skip is not None:
-                continue
-            text = block.text.replace("127.0.0.1:7700", address)
-            where = f"README.md:{block.line}"
-            if block.language == "sh":
-                output = shell.run(text)
-            else:
-                script = work / f"readme_{block.line}.py"
-                script.write_text(text)
-                done = subprocess.run(
-                    [sys.executable, str(script)],
-                    cwd=work,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=BLOCK_TIMEOUT_S,
-                )
-                output = done.stdout + done.stderr
-                assert done.returncode == 0, f"{where} failed:\n{output}"
-            assert "Traceback" not in output, f"{where}:\n{output}"
-            assert '"error"' not in output, f"{where} got an error answer:\n{output}"
-            ran += 1
+        for page in pages:
+            for block in blocks(page.read_text()):
+                if block.language not in RUNNABLE or block.skip is not None:
+                    continue
+                text = block.text.replace("127.0.0.1:7700", address)
+                where = f"{page.relative_to(ROOT)}:{block.line}"
+                if block.language == "sh":
+                    output = shell.run(text)
+                else:
+                    script = work / f"example_{ran}.py"
+                    script.write_text(text)
+                    done = subprocess.run(
+                        [sys.executable, str(script)],
+                        cwd=work,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=BLOCK_TIMEOUT_S,
+                    )
+                    output = done.stdout + done.stderr
+                    assert done.returncode == 0, f"{where} failed:\n{output}"
+                assert "Traceback" not in output, f"{where}:\n{output}"
+                assert '"error"' not in output, f"{where} got an error answer:\n{output}"
+                ran += 1
     finally:
         shell.close()
         server.stop()
-    assert ran >= 5
+    return ran
+
+
+def test_the_readme_runs_as_written(tmp_path: Path) -> None:
+    assert run_as_written(tmp_path, [README]) >= 4
+
+
+def test_the_docs_run_as_written(tmp_path: Path) -> None:
+    assert run_as_written(tmp_path, site_pages()) >= 12
+
+
+def _reference_hook() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_reference", DOCS / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_page_renders_every_operation_and_schema() -> None:
+    from nulltickets.http import openapi
+
+    document = openapi.document()
+    page = _reference_hook().render_api(document)
+    doc = json.loads(document)
+    for path, operations in doc["paths"].items():
+        for method in operations:
+            assert f"### `{method.upper()} {path}`" in page
+    for name in doc["components"]["schemas"]:
+        assert f"{{#schema-{name.lower()}}}" in page
+    assert (DOCS / "reference" / "api.md").read_text().count(_reference_hook().API_MARKER) == 1
+
+
+def test_the_error_page_lists_every_error_class_with_its_status() -> None:
+    from nulltickets import errors
+    from nulltickets.http.errors import STATUS
+
+    page = _reference_hook().render_errors()
+    classes = [c for c in vars(errors).values() if isinstance(c, type)]
+    for cls in classes:
+        if issubclass(cls, errors.TrackerError):
+            status = next(STATUS[k] for k in cls.__mro__ if k in STATUS)
+            assert f"| {status} | `{cls.code}` | `{cls.__name__}` |" in page
+    marker = _reference_hook().ERRORS_MARKER
+    assert (DOCS / "reference" / "errors.md").read_text().count(marker) == 1
+
+
+def test_every_setting_is_documented() -> None:
+    from nulltickets import config
+
+    rows = [
+        r for r in (DOCS / "reference" / "settings.md").read_text().splitlines() if r[:1] == "|"
+    ]
+    for _setting, flag, key, env in config.SETTINGS:
+        row = next((r for r in rows if r.startswith(f"| `{flag}")), None)
+        assert row is not None, f"{flag} has no row in docs/reference/settings.md"
+        assert f"`{key}`" in row and f"`{env}`" in row, row

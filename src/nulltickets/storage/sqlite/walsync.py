@@ -9,7 +9,7 @@ before it began, so while one runs, the loop goes on reading, deciding and commi
 The thread is native where `nulltickets._cext.walsync` was built (POSIX systems with a C
 compiler): it never takes the GIL, and tells the loop of each sync with a byte on a pipe the
 loop watches. A Python thread doing the same took the GIL twice per sync, so each sync made the
-loop's thread give the GIL up and wait to get it back. Measured on 2 cores (README,
+loop's thread give the GIL up and wait to get it back. Measured on 2 cores (docs,
 Performance), the native threads gave `full` 2 to 7% more cycles per second in `make bench`'s
 interleaved runs, and up to 28% in a period when the disk's syncs were slow. Elsewhere a Python
 thread runs instead, reporting through `call_soon_threadsafe`.
