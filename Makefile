@@ -7,7 +7,7 @@ DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 
-.PHONY: install postgres test-tools browser run test lint typecheck docs clean bench bench-quick bench-postgres binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,13 @@ lint: install
 		$(VENV)/bin/actionlint .github/workflows/*.yml && \
 		$(VENV)/bin/zizmor --offline --min-severity low .github/workflows; \
 	else echo "actionlint/zizmor have no wheel for this machine: workflows not linted"; fi
+
+# The clients' methods, one per call of nulltickets.client.Calls (tests/unit/test_verbs.py
+# fails when they are stale).
+generate: install
+	$(PY) -m nulltickets.client.generate
+	$(VENV)/bin/ruff check --fix --select I --quiet src/nulltickets/client/methods.py
+	$(VENV)/bin/ruff format --quiet src/nulltickets/client/methods.py
 
 typecheck: install
 	$(VENV)/bin/mypy

@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 
-from nulltickets import remote
-from nulltickets.client import Client
+from nulltickets.client import Client, remote
+from nulltickets.client.remote import CommandFailed
 from nulltickets.domain.model import (
     Access,
     CreatedKey,
@@ -36,7 +36,6 @@ from nulltickets.domain.model import (
     TaskDetails,
     TaskEvent,
 )
-from nulltickets.remote import CommandFailed
 
 PAGE_MAX = 1000  # the server's largest page
 # --state of `tasks list`: the kind of GET /ops/failures each names.

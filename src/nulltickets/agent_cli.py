@@ -21,9 +21,9 @@ import os
 import sys
 from typing import Any
 
-from nulltickets import channel, remote, worker
-from nulltickets.client import ApiError, Client
-from nulltickets.remote import CommandFailed
+from nulltickets import channel, worker
+from nulltickets.client import ApiError, Client, remote
+from nulltickets.client.remote import CommandFailed
 
 
 def register(commands: Any) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nulltickets import admin_cli, agent_cli, db_cli, migrate_cli
+from nulltickets.client.remote import CommandFailed
 from nulltickets.config import (
     DURABILITIES,
     ENV_ACCESS_LOG,
@@ -55,7 +56,6 @@ from nulltickets.config import (
     write_wizard_config,
 )
 from nulltickets.errors import TrackerError
-from nulltickets.remote import CommandFailed
 
 # Words that mean "run the server" (nullhub launches `<bin> serve`, or `<bin> nulltickets` for
 # installs made from the original manifest).

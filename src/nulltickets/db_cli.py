@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nulltickets.client.remote import CommandFailed
 from nulltickets.config import ENV_DB, database_path
-from nulltickets.remote import CommandFailed
 
 
 def register(commands: Any) -> None:

@@ -12,8 +12,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from nulltickets import aclient
 from nulltickets import client as pyclient
+from nulltickets.client import AsyncClient
 from tests.conftest import claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Server
 
@@ -444,7 +444,7 @@ def test_the_python_clients_call_the_dashboards_routes(shared_server: Server) ->
         assert [(n.namespace, n.keys) for n in page.items] == [(ns, 1)]
 
     async def from_async() -> tuple[list[str], list[str | None]]:
-        async with aclient.AsyncClient(shared_server.base) as api:
+        async with AsyncClient(shared_server.base) as api:
             tasks = await api.list_tasks(text=word.upper(), pipeline_id=pipeline_id)
             runs = await api.list_task_runs(task_id, limit=1, newest_first=True)
             await api.retry_report()

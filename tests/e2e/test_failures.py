@@ -392,7 +392,7 @@ def test_the_failure_routes_need_the_admin_token(make_server: Any) -> None:
 def test_the_python_clients_list_group_and_act_in_bulk(shared_server: Server) -> None:
     import asyncio
 
-    from nulltickets.aclient import AsyncClient
+    from nulltickets.client import AsyncClient
     from nulltickets.client import Client as ApiClient
 
     raw = shared_server.client()

@@ -8,8 +8,8 @@ from urllib.parse import quote
 import msgspec
 import pytest
 
-from nulltickets import aclient
 from nulltickets import client as pyclient
+from nulltickets.client import AsyncClient
 from nulltickets.domain.model import StoreEntry
 from tests.conftest import unique
 from tests.server import Client, Server
@@ -88,7 +88,7 @@ def test_any_namespace_and_key_round_trip_through_the_clients(shared_server: Ser
             assert entries(api.store_list(f"{base}{name}")) == [(f"{base}{name}", name, i)]
 
     async def read_back() -> list[object]:
-        async with aclient.AsyncClient(shared_server.base) as api:
+        async with AsyncClient(shared_server.base) as api:
             await api.store_put(f"{base}/async", "x/y", "async")
             got = [(await api.store_get(f"{base}{n}", n)).value for n in ODD_NAMES]
             listed = await api.store_list(f"{base}/async")

@@ -22,8 +22,7 @@ import apsw
 import msgspec
 import pytest
 
-from nulltickets.aclient import AsyncClient
-from nulltickets.client import ApiError, Client, Retry, RetryEvent
+from nulltickets.client import ApiError, AsyncClient, Client, Retry, RetryEvent
 from tests.conftest import unique, wait_for
 from tests.server import Server, alive, server_command
 

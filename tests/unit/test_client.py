@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from nulltickets.aclient import AsyncClient
 from nulltickets.client import (
     ApiError,
+    AsyncClient,
     Attempts,
     Call,
     Calls,

@@ -173,7 +173,7 @@ def test_storage_imports_nothing_above_it() -> None:
 
 # The command line's modules: what a person runs. They reach the database only through
 # storage/sqlite's maintenance and connection functions, never the driver itself.
-CLI_MODULES = ["cli.py", "agent_cli.py", "admin_cli.py", "db_cli.py", "remote.py", "logs.py"]
+CLI_MODULES = ["cli.py", "agent_cli.py", "admin_cli.py", "db_cli.py", "client/remote.py", "logs.py"]
 
 
 @pytest.mark.parametrize("name", [*CLI_MODULES, "launch.py", "config.py"])
@@ -184,7 +184,7 @@ def test_the_command_line_does_not_import_the_driver(name: str) -> None:
 
 
 def test_client_side_commands_do_not_open_the_database() -> None:
-    for name in ["admin_cli.py", "remote.py", "agent_cli.py"]:
+    for name in ["admin_cli.py", "client/remote.py", "agent_cli.py"]:
         storage = {m for m in imports_of(SRC / name) if m.startswith("nulltickets.storage")}
         assert not storage, f"{name} imports {storage}"
 

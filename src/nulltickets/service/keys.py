@@ -14,7 +14,7 @@ from nulltickets.domain.model import Access, CreatedKey, KeyInfo
 from nulltickets.domain.tokens import new_api_key
 from nulltickets.errors import InvalidJson, InvalidRequest, KeysNeedToken, Unauthorized
 from nulltickets.service.base import TrackerBase
-from nulltickets.service.verbs import Surface, verb
+from nulltickets.service.verbs import verb
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Notifier
 
@@ -170,7 +170,6 @@ class Keys(TrackerBase):
         idempotency_key=False,
         tag="keys",
         cli="keys create",
-        surfaces=(Surface.HTTP, Surface.CLIENT, Surface.CLI),
     )
     def create_key(self, b: Backend, cmd: CreateKey, now: int) -> CreatedKey:
         """Make a key; the answer is the only place its text ever appears (the database keeps
@@ -194,7 +193,6 @@ class Keys(TrackerBase):
         access=Access.ADMIN,
         tag="keys",
         cli="keys list",
-        surfaces=(Surface.HTTP, Surface.CLIENT, Surface.CLI),
     )
     def list_keys(self, b: Backend) -> list[KeyInfo]:
         return b.list_api_keys()

@@ -358,6 +358,7 @@ class Leases(TrackerBase):
         tag="runs",
         answer=page,
         custom=True,
+        cli="runs tail",
     )
     def list_events(
         self, b: Backend, run_id: str, after: int, limit: int
@@ -499,6 +500,7 @@ class Leases(TrackerBase):
         errors=(e.InvalidJson,),
         extra=True,
         tag="leases",
+        cli="pause",
     )
     def release_agent(self, b: Backend, cmd: commands.ReleaseAgent, now: int) -> AgentReleased:
         """Release every live lease `cmd.agent_id` holds (an agent stopping on purpose)."""

@@ -190,6 +190,7 @@ class Tasks(TrackerBase):
         response=model.TaskDetails,
         errors=(e.TaskNotFound,),
         tag="tasks",
+        cli="tasks show",
     )
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
         row = b.task_details(task_id)
@@ -260,6 +261,7 @@ class Tasks(TrackerBase):
         ),
         tag="tasks",
         answer=page,
+        cli="tasks list",
     )
     def list_tasks(
         self,
@@ -438,6 +440,7 @@ class Tasks(TrackerBase):
         extra=True,
         optional_body=True,
         tag="tasks",
+        cli="tasks requeue",
     )
     def requeue(self, b: Backend, task_id: str, cmd: RequeueTask, now: int) -> TaskDetails:
         """Make a task claimable now: dead-lettered, cancelled, waiting out a retry delay or
@@ -563,6 +566,7 @@ class Tasks(TrackerBase):
         extra=True,
         optional_body=True,
         tag="tasks",
+        cli="tasks cancel",
     )
     def cancel(self, b: Backend, task_id: str, cmd: CancelTask, now: int) -> TaskDetails:
         """Never claim the task again. A live lease is revoked: its run ends `cancelled` and

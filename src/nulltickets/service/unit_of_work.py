@@ -47,7 +47,7 @@ from nulltickets.service.keys import (
     _speaking,
 )
 from nulltickets.service.tracker import Tracker
-from nulltickets.service.verbs import Arg, Kind, Surface, Verb, verb
+from nulltickets.service.verbs import Arg, Kind, Verb, verb
 from nulltickets.storage.backend import Backend, StageBoardRow
 from nulltickets.storage.ports import Database, StorageStats
 
@@ -264,7 +264,6 @@ class Service:
         extra=True,
         tag="keys",
         cli="keys revoke",
-        surfaces=(Surface.HTTP, Surface.CLIENT, Surface.CLI),
     )
     async def revoke_key(self, key_id: str, idem: Idem | None = None) -> Answer:
         """Delete the key. When this answers, no request of this process accepts it any more,

@@ -179,8 +179,10 @@ def verb(method: str, path: str, summary: str, **declared: Any) -> Callable[[F],
         name = declared.pop("name", fn.__name__)
         if name in VERBS:
             raise ValueError(f"verb {name!r} is declared twice")
-        if "surfaces" in declared:
-            declared["surfaces"] = frozenset(declared["surfaces"])
+        surfaces = set(declared.pop("surfaces", (Surface.HTTP, Surface.CLIENT)))
+        if declared.get("cli"):
+            surfaces.add(Surface.CLI)
+        declared["surfaces"] = frozenset(surfaces)
         made = Verb(name, method, path, summary, fn, **declared)
         object.__setattr__(made, "plan", _plan(made))
         VERBS[name] = made
