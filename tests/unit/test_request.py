@@ -5,6 +5,7 @@ import pytest
 from nulltickets.errors import InvalidCursor, InvalidLimit
 from nulltickets.http.request import Request, parse_query, split_path
 from nulltickets.http.routes import ROUTES, Router, gate
+from nulltickets.service import params as p
 from nulltickets.service.verbs import Guard as Auth
 
 
@@ -17,28 +18,28 @@ def test_query_keeps_first_pair_ignores_bare_names_and_decodes_values() -> None:
 
 
 def test_limit_defaults_on_garbage_and_rejects_out_of_range() -> None:
-    assert req("").limit(50) == 50
-    assert req("limit=abc").limit(50) == 50
-    assert req("limit=1000").limit(50) == 1000
+    assert p.limit(50)(req("").query.get("limit")) == 50
+    assert p.limit(50)(req("limit=abc").query.get("limit")) == 50
+    assert p.limit(50)(req("limit=1000").query.get("limit")) == 1000
     for bad in ("0", "-1", "1001"):
         with pytest.raises(InvalidLimit):
-            req(f"limit={bad}").limit(50)
+            p.limit(50)(req(f"limit={bad}").query.get("limit"))
 
 
 def test_composite_cursor_needs_integer_left_and_nonempty_right() -> None:
-    assert req("cursor=12:abc").composite_cursor() == (12, "abc")
-    assert req("cursor=12%3Aabc").composite_cursor() == (12, "abc")
-    assert req("cursor=12:a:b").composite_cursor() == (12, "a:b")
+    assert p.composite_cursor(req("cursor=12:abc").query.get("cursor")) == (12, "abc")
+    assert p.composite_cursor(req("cursor=12%3Aabc").query.get("cursor")) == (12, "abc")
+    assert p.composite_cursor(req("cursor=12:a:b").query.get("cursor")) == (12, "a:b")
     for bad in ("", "12", ":a", "12:", "x:a"):
         with pytest.raises(InvalidCursor):
-            req(f"cursor={bad}").composite_cursor()
+            p.composite_cursor(req(f"cursor={bad}").query.get("cursor"))
 
 
 def test_event_cursor_is_an_integer() -> None:
-    assert req("").event_cursor() == 0
-    assert req("cursor=41").event_cursor() == 41
+    assert p.id_cursor()(req("").query.get("cursor")) == 0
+    assert p.id_cursor()(req("cursor=41").query.get("cursor")) == 41
     with pytest.raises(InvalidCursor):
-        req("cursor=x").event_cursor()
+        p.id_cursor()(req("cursor=x").query.get("cursor"))
 
 
 def test_router_prefers_bulk_for_post_but_treats_get_bulk_as_an_id() -> None:

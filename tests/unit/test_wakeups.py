@@ -1,4 +1,4 @@
-"""http/wakeups.py: one notification wakes one waiting claim (the longest waiting, or the agent
+"""service/wakeups.py: one notification wakes one waiting claim (the longest waiting, or the agent
 the work is assigned to); a wake-up nobody used goes on; the limit refuses at once. Futures on
 an event loop, no sockets and no sleeping (every wait's timeout is far away)."""
 
@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nulltickets.http.wakeups import Poll, Wakeups
+from nulltickets.service.wakeups import Poll, Wakeups
 from nulltickets.storage.ports import EVERY_ROLE
 
 FAR = 3600.0  # a wait's timeout that never comes in a test

@@ -70,11 +70,11 @@ class App:
         ctx.hub = StreamHub(ctx.service)
         # What waits costs memory and a connection, not a request slot: the limits launch.py
         # set from what this process can hold.
-        ctx.wakeups.limit = self.settings.max_waiters
+        ctx.service.wakeups.limit = self.settings.max_waiters
         ctx.hub.limit = self.settings.max_streams
         # Long-polling claims wake on the database's notifications (this process's commits on
         # SQLite; every server's on PostgreSQL), delivered on this loop.
-        db.notifier.subscribe(ctx.wakeups.deliver, loop)
+        db.notifier.subscribe(ctx.service.wakeups.deliver, loop)
         ctx.metrics = prometheus.Metrics()
         # Event streams read what each commit added: told of every commit, not only of those
         # that notify a role (an appended run event wakes no claim).
@@ -95,7 +95,7 @@ class App:
         if self.ctx is not None:
             if self.ctx.collector is not None:
                 self.ctx.collector.close()
-            self.ctx.wakeups.close()
+            self.ctx.service.wakeups.close()
             if self.ctx.hub is not None:
                 self.ctx.hub.close()
             self.ctx.service.db.close()
@@ -116,9 +116,11 @@ class App:
             return
 
     def _begin_shutdown(self) -> None:
-        if self.ctx is not None and not self.ctx.wakeups.closing:
-            log.info("shutting down: answering %d waiting claims", self.ctx.wakeups.waiting())
-            self.ctx.wakeups.close()
+        if self.ctx is not None and not self.ctx.service.wakeups.closing:
+            log.info(
+                "shutting down: answering %d waiting claims", self.ctx.service.wakeups.waiting()
+            )
+            self.ctx.service.wakeups.close()
             if self.ctx.hub is not None:
                 self.ctx.hub.close()  # and ending the event streams
         stop = _granian_stop[0]

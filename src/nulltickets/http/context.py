@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nulltickets.http.slowdown import Slowdown
-from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import Service
 
 if TYPE_CHECKING:
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
 class Context:
     service: Service
     admin_token: str | None
-    wakeups: Wakeups = field(default_factory=Wakeups)
     hub: StreamHub | None = None  # GET /events/stream
     metrics: Metrics | None = None  # GET /metrics
     collector: Collector | None = None  # the garbage collector's settings and timings

@@ -176,38 +176,17 @@ async def claim(ctx: Context, req: Request) -> Reply:
     return answered
 
 
-def _kind(command: cmd.Claim) -> bytes:
-    """What sets a claim's choice apart from another of its role: its per-state limits."""
-    limits = command.concurrency.per_state if command.concurrency is not None else None
-    return bytes(limits) if isinstance(limits, msgspec.Raw) else b""
-
-
 async def _long_poll(ctx: Context, req: Request, command: cmd.Claim, deadline: float) -> Reply:
-    """Try, and while nothing is claimable wait for a wake-up of the role until `deadline`.
-    Beyond the server's limit of long-polls, try once and answer at once: a 204 then carries
-    Retry-After, when to ask again."""
-    service = ctx.service
+    """Claim, waiting for work until `deadline`. A claim the server had no room to keep
+    waiting was tried once: its 204 carries Retry-After, when to ask again."""
+    answer, waited = await ctx.service.claim_waiting(
+        command, idem(req), deadline, req.disconnected()
+    )
+    if waited or answer.kind is not Kind.EMPTY:
+        return reply(answer)
     loop = asyncio.get_running_loop()
-    poll = ctx.wakeups.enter(command.agent_role, command.agent_id, _kind(command))
-    if poll is None:
-        answered = reply(await service.claim(command, idem(req)))
-        if answered.status != 204:
-            return answered
-        retry_s = max(1, min(WAIT_REFUSED_RETRY_S, math.ceil(deadline - loop.time())))
-        return WebReply(204, b"", (("retry-after", str(retry_s)),))
-    try:
-        with service.notifier.waiting():  # from before the first attempt: see Notifier.listening
-            while True:
-                poll.trying()
-                answered = reply(await service.claim(command, idem(req)))
-                poll.tried(took=answered.status != 204)
-                remaining = deadline - loop.time()
-                if answered.status != 204 or remaining <= 0 or ctx.wakeups.closing:
-                    return answered
-                if not await poll.wait(remaining, req.disconnected()):
-                    return answered  # nobody would receive a lease claimed now
-    finally:
-        poll.leave()
+    retry_s = max(1, min(WAIT_REFUSED_RETRY_S, math.ceil(deadline - loop.time())))
+    return WebReply(204, b"", (("retry-after", str(retry_s)),))
 
 
 async def list_events(ctx: Context, req: Request) -> Reply:

@@ -292,7 +292,7 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
         out.sample(age, value, _labels(role=role, pipeline_id=pipeline_id, stage=stage))
 
     out.one("nulltickets_live_leases", "gauge", "Leases not yet expired.", leases)
-    wakeups, hub = ctx.wakeups, ctx.hub
+    wakeups, hub = ctx.service.wakeups, ctx.hub
     out.one(
         "nulltickets_long_poll_waiters",
         "gauge",

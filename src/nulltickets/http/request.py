@@ -8,20 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
-from nulltickets.errors import InvalidCursor, InvalidLimit, Unauthorized
+from nulltickets.errors import Unauthorized
 
 if TYPE_CHECKING:
     from nulltickets.http.access import Principal
-
-MAX_LIMIT = 1000
-
-
-def _int64(text: str) -> int:
-    value = int(text)
-    if not -(2**63) <= value < 2**63:
-        raise ValueError(text)
-    return value
-
 
 # granian hands the application the path already percent-decoded once, so `%2F` has become a
 # separator before the path is split. What a client means to keep inside one segment it encodes
@@ -105,56 +95,3 @@ class Request:
 
     def body_hash(self) -> bytes:
         return hashlib.sha256(self.body).digest()
-
-    def limit(self, default: int) -> int:
-        raw = self.query.get("limit")
-        try:
-            limit = int(raw) if raw is not None else default
-        except ValueError:
-            limit = default
-        if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidLimit(f"limit must be between 1 and {MAX_LIMIT}")
-        return limit
-
-    def search_limit(self) -> int:
-        """Store search: non-numeric or negative -> 10; 0 or over 1000 -> invalid_limit."""
-        raw = self.query.get("limit")
-        try:
-            limit = int(raw) if raw is not None else 10
-        except ValueError:
-            return 10
-        if limit < 0:
-            return 10
-        if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidLimit(f"limit must be between 1 and {MAX_LIMIT}")
-        return limit
-
-    def int_param(self, name: str, default: int) -> int:
-        """An integer query parameter; anything unparsable means the default."""
-        raw = self.query.get(name)
-        try:
-            value = int(raw) if raw is not None else default
-        except ValueError:
-            return default
-        return max(-(2**62), min(value, 2**62))
-
-    def composite_cursor(self) -> tuple[int, str] | None:
-        raw = self.query.get("cursor")
-        if raw is None:
-            return None
-        left, sep, right = raw.partition(":")
-        try:
-            if not sep or not left or not right:
-                raise ValueError
-            return _int64(left), right
-        except ValueError:
-            raise InvalidCursor("cursor must look like <created_at_ms>:<id>") from None
-
-    def event_cursor(self, what: str = "an event id") -> int:
-        raw = self.query.get("cursor")
-        if raw is None:
-            return 0
-        try:
-            return _int64(raw)
-        except ValueError:
-            raise InvalidCursor(f"cursor must be {what}") from None

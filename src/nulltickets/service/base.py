@@ -100,7 +100,7 @@ class TrackerBase:
         self, b: Backend, pipeline_id: str, stage: str, at: int = 0, agent: str | None = None
     ) -> None:
         """One piece of work in the stage may be claimable at `at` (0: now), by `agent` only
-        when given: it wakes one waiting claim of the stage's role (http/wakeups.py)."""
+        when given: it wakes one waiting claim of the stage's role (service/wakeups.py)."""
         notifier = self._notifier
         if notifier is None or (at == 0 and not notifier.listening):
             return

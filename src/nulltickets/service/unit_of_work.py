@@ -48,6 +48,7 @@ from nulltickets.service.keys import (
 )
 from nulltickets.service.tracker import Tracker
 from nulltickets.service.verbs import Arg, Kind, Verb, verb
+from nulltickets.service.wakeups import Wakeups
 from nulltickets.storage.backend import Backend, StageBoardRow
 from nulltickets.storage.ports import Database, StorageStats
 
@@ -97,6 +98,12 @@ class Idem:
 Encode = Callable[[Outcome[Any]], Answer]
 
 
+def _choice(command: Claim) -> bytes:
+    """What sets a claim's choice apart from another of its role: its per-state limits."""
+    limits = command.concurrency.per_state if command.concurrency is not None else None
+    return bytes(limits) if isinstance(limits, msgspec.Raw) else b""
+
+
 def _claim_outcome(result: ClaimResult | None) -> Outcome[ClaimResult | None]:
     return Outcome(Kind.EMPTY if result is None else Kind.OK, result)
 
@@ -124,6 +131,7 @@ class Service:
         self._shared = db.capabilities.shared_by_servers
         self.tracker = Tracker(db.notifier, rand, shared=self._shared, keys_enabled=keys_enabled)
         self.keys = KeyRing(db.notifier)
+        self.wakeups = Wakeups()  # long-polling claims wait here for their role's work
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -247,6 +255,33 @@ class Service:
             redact=redact,
             revive=revive,
         )
+
+    async def claim_waiting(
+        self, cmd: Claim, idem: Idem | None, deadline: float, disconnected: Any = None
+    ) -> tuple[Answer, bool]:
+        """Claim, and while nothing is claimable wait for a wake-up of the role until
+        `deadline` (the loop's time), or until `disconnected` completes (nobody would receive
+        a lease claimed then). Answers the last attempt's answer and whether it could wait:
+        beyond the limit of waiting claims (`wakeups.limit`) it tries once."""
+        loop = asyncio.get_running_loop()
+        wakeups = self.wakeups
+        poll = wakeups.enter(cmd.agent_role, cmd.agent_id, _choice(cmd))
+        if poll is None:
+            return await self.claim(cmd, idem), False
+        try:
+            with self.notifier.waiting():  # from before the first attempt: Notifier.listening
+                while True:
+                    poll.trying()
+                    answer = await self.claim(cmd, idem)
+                    took = answer.kind is not Kind.EMPTY
+                    poll.tried(took=took)
+                    remaining = deadline - loop.time()
+                    if took or remaining <= 0 or wakeups.closing:
+                        return answer, True
+                    if not await poll.wait(remaining, disconnected):
+                        return answer, True
+        finally:
+            poll.leave()
 
     async def check_run_lease(self, run_id: str, token_hash: bytes) -> LeaseRow:
         """The run's live lease held with this token (for reads a lease authorises)."""
