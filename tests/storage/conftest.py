@@ -4,9 +4,8 @@ BACKENDS maps a backend's test name to a function that makes a fresh, empty targ
 `--db` takes) and names the durability to open it with. The `backend` fixture is parametrized
 over it, so every test of tests/storage that asks for `database` (or `opened`, `target`) runs
 once per backend: SQLite with durability `full` (its writer answers and notifies only after
-its WAL sync thread synced the commit), SQLite with `normal`, and PostgreSQL (a database of
-the session's own cluster, copied from a migrated template so that each costs one CREATE
-DATABASE). The suite opens databases through storage.factory and sees only the storage ports.
+its WAL sync thread synced the commit), SQLite with `normal` (each a new file of the test's
+own), and PostgreSQL (the session's one migrated database, emptied before each test). The suite opens databases through storage.factory and sees only the storage ports.
 
 A third backend plugs in here: one more entry in BACKENDS (a function giving a fresh target
 for it), and every test of the suite runs on it too.
@@ -14,7 +13,6 @@ for it), and every test of the suite runs on it too.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 
 from nulltickets.storage.factory import open_database
 from nulltickets.storage.ports import Database
+from tests.conftest import migrated_database
 from tests.pgserver import PostgresServer
 
 # A fresh target for one test: (what `--db` takes, the durability to open it with).
@@ -37,13 +36,25 @@ def sqlite_normal(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 
 
 def postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    """A new database of the session's own PostgreSQL (tests/pgserver.py), migrated already."""
-    server: PostgresServer = request.getfixturevalue("postgres")
-    template: str = request.getfixturevalue("pg_storage_template")
-    name = f"s_{uuid.uuid4().hex[:16]}"
-    with server.admin() as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return server.dsn(name), "normal"
+    """The session's one migrated database of its own PostgreSQL (tests/pgserver.py), emptied:
+    every table truncated and every sequence restarted, so the test starts as on a new one.
+    (A database per test would cost the cluster a few hundred files each to sync at its
+    shutdown checkpoint: a minute for this suite.)"""
+    dsn: str = request.getfixturevalue("pg_storage_dsn")
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                " AND tablename <> 'nulltickets_schema'"
+            )
+        ]
+        conn.execute(
+            "TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"
+        )
+    return dsn, "normal"
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Target]] = {
@@ -54,17 +65,9 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Target]] = {
 
 
 @pytest.fixture(scope="session")
-def pg_storage_template(postgres: PostgresServer) -> str:
-    """A migrated database that every PostgreSQL test database is copied from (nobody connects
-    to it after its migration, as CREATE DATABASE ... TEMPLATE requires)."""
-    import psycopg
-
-    from nulltickets.storage.postgres.migrate import migrate
-
-    name = postgres.create_database()
-    with psycopg.connect(postgres.dsn(name), autocommit=True) as conn:
-        migrate(conn)
-    return name
+def pg_storage_dsn(postgres: PostgresServer) -> str:
+    """The migrated database the suite's PostgreSQL tests take in turn."""
+    return migrated_database(postgres)
 
 
 @pytest.fixture(params=list(BACKENDS))

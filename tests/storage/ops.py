@@ -78,8 +78,12 @@ def make_pipeline(
     pipeline_id = new_id()
     b.insert_pipeline(pipeline_id, name or f"p-{pipeline_id}", "{}", now)
     if stages is None:
-        stages = (("todo", role, False), ("review", "reviewer", False), ("done", None, True),
-                  ("dead", None, True))  # fmt: skip
+        stages = (
+            ("todo", role, False),
+            ("review", "reviewer", False),
+            ("done", None, True),
+            ("dead", None, True),
+        )
     for stage, agent_role, terminal in stages:
         b.insert_pipeline_stage(pipeline_id, stage, agent_role, terminal)
     return pipeline_id
@@ -124,8 +128,17 @@ def make_task(
 class Claimed:
     """A claim made through the port: the task, its run, its lease."""
 
-    def __init__(self, task: Task, run_id: str, lease_id: str, attempt: int, fence: int,
-                 checkpoint: str | None, token_hash: bytes, expires_at_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        task: Task,
+        run_id: str,
+        lease_id: str,
+        attempt: int,
+        fence: int,
+        checkpoint: str | None,
+        token_hash: bytes,
+        expires_at_ms: int,
+    ) -> None:
         self.task = task
         self.run_id = run_id
         self.lease_id = lease_id

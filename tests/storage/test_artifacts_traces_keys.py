@@ -21,10 +21,17 @@ def test_artifacts_are_listed_in_pages_by_task_and_by_run(database: Database) ->
         ids = []
         for n, (task, run) in enumerate([(task_id, None), (task_id, run_id), (None, None)]):
             artifact_id = new_id()
-            b.insert_artifact(id=artifact_id, task_id=task, run_id=run, kind=f"k{n}",
-                              uri=f"file:///{n}", sha256="ab" * 32 if n == 0 else None,
-                              size_bytes=10 * n if n else None, meta_json='{"m":1}',
-                              now=NOW + n)  # fmt: skip
+            b.insert_artifact(
+                id=artifact_id,
+                task_id=task,
+                run_id=run,
+                kind=f"k{n}",
+                uri=f"file:///{n}",
+                sha256="ab" * 32 if n == 0 else None,
+                size_bytes=10 * n if n else None,
+                meta_json='{"m":1}',
+                now=NOW + n,
+            )
             ids.append(artifact_id)
         return ids
 
@@ -44,9 +51,17 @@ def test_artifacts_are_listed_in_pages_by_task_and_by_run(database: Database) ->
         lambda b: b.list_artifacts(task_id=None, run_id=None, after=None, limit=1)
     )[0]
     assert (first.task_id, first.run_id, first.created_at_ms, first.kind, first.uri) == (
-        task_id, None, NOW, "k0", "file:///0")  # fmt: skip
+        task_id,
+        None,
+        NOW,
+        "k0",
+        "file:///0",
+    )
     assert (first.sha256, first.size_bytes, json.loads(bytes(first.meta))) == (
-        "ab" * 32, None, {"m": 1})  # fmt: skip
+        "ab" * 32,
+        None,
+        {"m": 1},
+    )
 
 
 def span(run_id: str | None, task_id: str | None, n: int) -> SpanRow:
@@ -90,9 +105,16 @@ def test_trace_batches_keep_their_spans_listed_by_run(database: Database) -> Non
     ]
     first = spans[0]
     assert (first.trace_id, first.parent_span_id, first.kind, first.start_time_unix_nano) == (
-        "t" * 32, None, "SPAN_KIND_INTERNAL", 10**18)  # fmt: skip
+        "t" * 32,
+        None,
+        "SPAN_KIND_INTERNAL",
+        10**18,
+    )
     assert (first.end_time_unix_nano, first.status_code, first.status_message) == (
-        10**18 + 5, "STATUS_CODE_OK", None)  # fmt: skip
+        10**18 + 5,
+        "STATUS_CODE_OK",
+        None,
+    )
     assert (first.scope_name, first.scope_version) == ("agent", "1.0")
     assert json.loads(bytes(first.attributes)) == {"a": 1}
     assert json.loads(bytes(first.resource_attributes)) == {"service.name": "x"}
@@ -110,15 +132,31 @@ def test_an_idempotent_answer_is_recorded_by_key_method_and_path_and_purged_when
     assert database.write_sync(lambda b: b.get_idempotency(**key)) is None
 
     def record(b: Backend, k: str, auth: bytes | None, now: int) -> None:
-        b.put_idempotency(key=k, method="POST", path="/tasks", request_hash=b"r" * 32,
-                          auth_hash=auth, status=201, body='{"id":"t"}', now=now)  # fmt: skip
+        b.put_idempotency(
+            key=k,
+            method="POST",
+            path="/tasks",
+            request_hash=b"r" * 32,
+            auth_hash=auth,
+            status=201,
+            body='{"id":"t"}',
+            now=now,
+        )
 
     database.write_sync(lambda b: record(b, "k1", None, NOW))
     database.write_sync(lambda b: record(b, "k2", b"a" * 32, NOW + 10))
     assert database.write_sync(lambda b: b.get_idempotency(**key)) == (
-        b"r" * 32, None, 201, '{"id":"t"}')  # fmt: skip
+        b"r" * 32,
+        None,
+        201,
+        '{"id":"t"}',
+    )
     assert database.read_sync(lambda b: b.get_idempotency("k2", "POST", "/tasks")) == (
-        b"r" * 32, b"a" * 32, 201, '{"id":"t"}')  # fmt: skip
+        b"r" * 32,
+        b"a" * 32,
+        201,
+        '{"id":"t"}',
+    )
     assert database.read_sync(lambda b: b.get_idempotency("k1", "PUT", "/tasks")) is None
     assert database.read_sync(lambda b: b.get_idempotency("k1", "POST", "/other")) is None
     assert database.write_sync(lambda b: b.purge_idempotency(NOW)) == 0  # strictly older
@@ -139,22 +177,36 @@ def test_a_key_is_kept_as_its_hash_found_by_it_and_deleted_once(database: Databa
     read_hash = hashlib.sha256(b"ntk_read").digest()
 
     def job(b: Backend) -> None:
-        b.insert_api_key(id="k-agent", key_hash=agent_hash, name="ci", access="agent",
-                         roles=["coder", "reviewer"], now=NOW)  # fmt: skip
-        b.insert_api_key(id="k-read", key_hash=read_hash, name="dash", access="read", roles=[],
-                         now=NOW + 1)  # fmt: skip
+        b.insert_api_key(
+            id="k-agent",
+            key_hash=agent_hash,
+            name="ci",
+            access="agent",
+            roles=["coder", "reviewer"],
+            now=NOW,
+        )
+        b.insert_api_key(
+            id="k-read", key_hash=read_hash, name="dash", access="read", roles=[], now=NOW + 1
+        )
 
     database.write_sync(job)
     agent = database.read_sync(lambda b: b.api_key_by_hash(agent_hash))
     assert agent is not None
     assert (agent.id, agent.name, agent.access, agent.roles, agent.created_at_ms) == (
-        "k-agent", "ci", Access.AGENT, ["coder", "reviewer"], NOW)  # fmt: skip
+        "k-agent",
+        "ci",
+        Access.AGENT,
+        ["coder", "reviewer"],
+        NOW,
+    )
     assert database.read_sync(lambda b: b.api_key_by_id("k-agent")) == agent
     assert database.read_sync(lambda b: b.api_key_by_hash(b"x" * 32)) is None
     assert database.read_sync(lambda b: b.api_key_by_id("nope")) is None
     listed = database.read_sync(lambda b: b.list_api_keys())
     assert sorted((k.id, k.access) for k in listed) == [
-        ("k-agent", Access.AGENT), ("k-read", Access.READ)]  # fmt: skip
+        ("k-agent", Access.AGENT),
+        ("k-read", Access.READ),
+    ]
     assert database.write_sync(lambda b: b.delete_api_key("k-agent")) == agent
     assert database.write_sync(lambda b: b.delete_api_key("k-agent")) is None
     assert database.read_sync(lambda b: b.api_key_by_hash(agent_hash)) is None

@@ -156,11 +156,20 @@ def test_concurrent_creates_under_one_task_key_make_one_task(
         def job(b: Backend) -> str:
             task_id = f"task-{n}"
             inserted = b.insert_task(
-                id=task_id, pipeline_id=pipeline_id, stage="todo", title=f"from {n}",
-                description="", priority=0, metadata_json="{}", max_attempts=None,
-                retry_delay_ms=0, dead_letter_stage=None, idempotency_key="plan-1",
-                retry_delay_set=False, now=NOW,
-            )  # fmt: skip
+                id=task_id,
+                pipeline_id=pipeline_id,
+                stage="todo",
+                title=f"from {n}",
+                description="",
+                priority=0,
+                metadata_json="{}",
+                max_attempts=None,
+                retry_delay_ms=0,
+                dead_letter_stage=None,
+                idempotency_key="plan-1",
+                retry_delay_set=False,
+                now=NOW,
+            )
             found = task_id if inserted else b.task_by_idempotency_key(pipeline_id, "plan-1")
             assert found is not None
             return found
@@ -190,9 +199,16 @@ def test_concurrent_requests_under_one_idempotency_key_record_one_answer(
             if found is not None:
                 return "replayed", found[0]
             b.put_value("work", f"done-{n}", "1", NOW)  # the request's own work
-            b.put_idempotency(key="same-key", method="POST", path="/tasks",
-                              request_hash=bytes([n]) * 32, auth_hash=None, status=201,
-                              body="{}", now=NOW)  # fmt: skip
+            b.put_idempotency(
+                key="same-key",
+                method="POST",
+                path="/tasks",
+                request_hash=bytes([n]) * 32,
+                auth_hash=None,
+                status=201,
+                body="{}",
+                now=NOW,
+            )
             return "recorded", bytes([n]) * 32
 
         return retried(servers[n], job)

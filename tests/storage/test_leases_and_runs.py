@@ -44,7 +44,11 @@ def test_a_claim_starts_a_run_raises_the_fence_and_leases_it(database: Database)
     lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
     assert lease is not None
     assert (lease.id, lease.run_id, lease.task_id, lease.token_hash) == (
-        got.lease_id, got.run_id, task_id, got.token_hash)  # fmt: skip
+        got.lease_id,
+        got.run_id,
+        task_id,
+        got.token_hash,
+    )
     assert (lease.expires_at_ms, lease.ttl_ms, lease.run_status) == (NOW + 5_000, 5_000, "running")
     assert (lease.stage, lease.task_version, lease.fence, lease.agent_id) == ("todo", 1, 1, "ann")
     assert database.read_sync(lambda b: b.lease_by_id(got.lease_id)) == lease
@@ -57,7 +61,11 @@ def test_a_claim_starts_a_run_raises_the_fence_and_leases_it(database: Database)
     assert run is not None
     assert (run.id, run.task_id, run.attempt, run.status) == (got.run_id, task_id, 1, "running")
     assert (run.agent_id, run.agent_role, run.started_at_ms, run.ended_at_ms) == (
-        "ann", "coder", NOW, None)  # fmt: skip
+        "ann",
+        "coder",
+        NOW,
+        None,
+    )
     assert database.read_sync(lambda b: b.run_exists(got.run_id))
     assert not database.read_sync(lambda b: b.run_exists("nope"))
     assert database.read_sync(lambda b: b.run_status(got.run_id)) == "running"
@@ -67,7 +75,10 @@ def test_a_claim_starts_a_run_raises_the_fence_and_leases_it(database: Database)
     assert database.read_sync(lambda b: b.task_run_state(task_id)) == got.run_id
     assert database.read_sync(lambda b: b.task_run_state("nope")) is None
     assert database.write_sync(lambda b: b.live_lease_of_task(task_id)) == (
-        got.lease_id, got.run_id, NOW + 5_000)  # fmt: skip
+        got.lease_id,
+        got.run_id,
+        NOW + 5_000,
+    )
     assert database.read_sync(lambda b: b.task_fence_of_run(got.run_id)) == 1
     assert database.read_sync(lambda b: b.task_fence_of_lease(got.lease_id)) == 1
     assert database.read_sync(lambda b: b.task_fence_of_run("nope")) is None
@@ -134,8 +145,16 @@ def test_a_run_has_at_most_one_lease(database: Database) -> None:
     task_id = one_task(database)
 
     def lease(b: Backend, run_id: str) -> None:
-        b.insert_lease(id=new_id(), run_id=run_id, agent_id="a", token_hash=b"h" * 32,
-                       expires_at_ms=NOW + 9, ttl_ms=5, fence=1, now=NOW)  # fmt: skip
+        b.insert_lease(
+            id=new_id(),
+            run_id=run_id,
+            agent_id="a",
+            token_hash=b"h" * 32,
+            expires_at_ms=NOW + 9,
+            ttl_ms=5,
+            fence=1,
+            now=NOW,
+        )
 
     run_id = new_id()
     database.write_sync(lambda b: b.insert_run(run_id, task_id, "a", "coder", NOW, new_id()))
@@ -169,18 +188,29 @@ def test_a_run_ends_once_and_a_stale_version_moves_nothing(database: Database) -
     assert (run.status, run.ended_at_ms) == ("completed", NOW)
     # Three more runs, for the pages of the timeline.
     for n in range(3):
-        got = database.write_sync(lambda b: claimed(b, "reviewer", f"r{n}"))
-        database.write_sync(lambda b: b.end_run(got.run_id, "failed", "{}", f"e{n}", NOW + n))
-        database.write_sync(lambda b: b.delete_lease(got.lease_id))
+
+        def fail(b: Backend, n: int = n) -> None:
+            got = claimed(b, "reviewer", f"r{n}")
+            b.end_run(got.run_id, "failed", "{}", f"e{n}", NOW + n)
+            b.delete_lease(got.lease_id)
+
+        database.write_sync(fail)
     runs = database.read_sync(lambda b: b.list_task_runs(task_id, 0, 10))
     assert [(r.attempt, r.status, r.error) for r in runs] == [
-        (1, "completed", None), (2, "failed", "e0"), (3, "failed", "e1"), (4, "failed", "e2")]  # fmt: skip
+        (1, "completed", None),
+        (2, "failed", "e0"),
+        (3, "failed", "e1"),
+        (4, "failed", "e2"),
+    ]
     assert [r.attempt for r in database.read_sync(lambda b: b.list_task_runs(task_id, 1, 2))] == [
-        2, 3]  # fmt: skip
+        2,
+        3,
+    ]
     newest = database.read_sync(lambda b: b.list_task_runs_newest(task_id, 2**31, 3))
     assert [r.attempt for r in newest] == [4, 3, 2]
-    assert [r.attempt for r in database.read_sync(lambda b: b.list_task_runs_newest(task_id, 2, 5))
-            ] == [1]  # fmt: skip
+    assert [
+        r.attempt for r in database.read_sync(lambda b: b.list_task_runs_newest(task_id, 2, 5))
+    ] == [1]
     assert (newest[0].agent_id, newest[0].agent_role) == ("r2", "reviewer")
 
 
@@ -204,7 +234,8 @@ def test_leases_expire_at_their_time_and_a_heartbeat_moves_it(database: Database
     assert database.read_sync(lambda b: b.active_leases(NOW + 1_000)) == 1
     assert database.write_sync(lambda b: b.expired_leases(NOW + 999, 10)) == []
     assert database.write_sync(lambda b: b.expired_leases(NOW + 1_000, 10)) == [
-        (early.lease_id, early.run_id, early.task.id)]  # fmt: skip
+        (early.lease_id, early.run_id, early.task.id)
+    ]
     both = database.write_sync(lambda b: b.expired_leases(NOW + 5_000, 10))
     assert [e[0] for e in both] == [early.lease_id, late.lease_id]  # the oldest first
     assert len(database.write_sync(lambda b: b.expired_leases(NOW + 5_000, 1))) == 1
@@ -239,10 +270,14 @@ def test_an_event_under_a_lease_needs_its_token_its_time_and_its_fence(database:
     assert plain > second
     events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
     assert [(e.id, e.run_id, e.kind) for e in events] == [
-        (first, got.run_id, "k"), (second, got.run_id, "k"), (plain, got.run_id, "note")]  # fmt: skip
+        (first, got.run_id, "k"),
+        (second, got.run_id, "k"),
+        (plain, got.run_id, "note"),
+    ]
     assert (events[2].ts_ms, json.loads(bytes(events[2].data))) == (NOW + 5, {"a": 1})
     assert [e.id for e in database.read_sync(lambda b: b.list_events(got.run_id, first, 1))] == [
-        second]  # fmt: skip
+        second
+    ]
 
 
 @covers(
@@ -262,9 +297,10 @@ def test_failed_attempts_count_and_a_retry_waits_out_its_delay(database: Databas
     assert (task.next_eligible_at_ms, task.updated_at_ms) == (NOW + 500, NOW + 1)
     assert database.write_sync(lambda b: claim(b, now=NOW + 499)) is None
     waiting = database.read_sync(lambda b: b.retry_waiting(NOW + 2, 10))
-    assert [(w.task_id, w.stage, w.next_eligible_at_ms, w.attempt, w.status, w.error,
-             w.failed_at_ms) for w in waiting] == [
-        (task_id, "todo", NOW + 500, 1, "failed", "boom", NOW + 1)]  # fmt: skip
+    assert [
+        (w.task_id, w.stage, w.next_eligible_at_ms, w.attempt, w.status, w.error, w.failed_at_ms)
+        for w in waiting
+    ] == [(task_id, "todo", NOW + 500, 1, "failed", "boom", NOW + 1)]
     assert database.read_sync(lambda b: b.retry_waiting(NOW + 500, 10)) == []
     second = database.write_sync(lambda b: claimed(b, now=NOW + 500))
     assert second.attempt == 2
@@ -306,7 +342,10 @@ def test_a_dead_letter_parks_the_task_and_a_requeue_forgives_its_failures(
     database.write_sync(fail)
     task = database.read_sync(lambda b: b.get_task(task_id))
     assert (task.stage, task.task_version, task.dead_letter_reason) == (
-        "dead", 2, "max_attempts_exceeded")  # fmt: skip
+        "dead",
+        2,
+        "max_attempts_exceeded",
+    )
     assert database.read_sync(lambda b: b.last_dead_letter(task_id)) == '{"from_stage":"todo"}'
     assert database.write_sync(lambda b: claim(b)) is None
     assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 1
@@ -349,16 +388,22 @@ def test_checkpoints_merge_as_rfc_7396_patches_and_come_back_with_the_next_claim
     assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 0)
     assert database.read_sync(lambda b: b.task_resume("nope")) is None
     patches: list[tuple[object, object]] = [
-        ({"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]},
-         {"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]}),
-        ({"b": {"c": None, "d": 3}, "list": [3], "a": None, "n": None},
-         {"b": {"keep": True, "d": 3}, "list": [3]}),
-        ({"files": {"a.py": "done"}}, {"b": {"keep": True, "d": 3}, "list": [3],
-                                        "files": {"a.py": "done"}}),
+        (
+            {"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]},
+            {"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]},
+        ),
+        (
+            {"b": {"c": None, "d": 3}, "list": [3], "a": None, "n": None},
+            {"b": {"keep": True, "d": 3}, "list": [3]},
+        ),
+        (
+            {"files": {"a.py": "done"}},
+            {"b": {"keep": True, "d": 3}, "list": [3], "files": {"a.py": "done"}},
+        ),
         ({"files": {"a.py": None}, "list": None}, {"b": {"keep": True, "d": 3}, "files": {}}),
-    ]  # fmt: skip
+    ]
     for patch, merged in patches:
-        got = database.write_sync(lambda b: b.merge_checkpoint(task_id, json.dumps(patch)))
+        got = database.write_sync(lambda b, p=patch: b.merge_checkpoint(task_id, json.dumps(p)))
         assert json.loads(got) == merged
     checkpoint, fence = database.read_sync(lambda b: b.task_resume(task_id))
     assert (json.loads(checkpoint), fence) == (patches[-1][1], 0)
@@ -384,3 +429,28 @@ def test_leased_tasks_are_counted_by_stage_and_by_pipeline_stage(database: Datab
     database.write_sync(lambda b: b.end_run(got.run_id, "released", "{}", None, NOW))
     assert database.read_sync(lambda b: b.leased_in_pipeline_stage(second, "todo")) == 0
     assert database.read_sync(lambda b: b.leased_in_stage("todo")) == 2
+
+
+@covers("Backend.merge_checkpoint", "Backend.task_resume", "Backend.bump_fence")
+def test_merge_checkpoint_folds_every_write_into_the_task(database: Database) -> None:
+    """Moved from tests/postgres/test_merge_patch.py (which still checks PostgreSQL's
+    jsonb_merge_patch against SQLite's json_patch), on every backend."""
+    task_id = one_task(database)
+    patches = [
+        {"step": 1, "files": {"a.py": "done"}},
+        {"files": {"b.py": "wip"}},
+        {"files": {"a.py": None}, "step": 2},
+        {"notes": ["x"]},
+    ]
+    steps = [
+        {"step": 1, "files": {"a.py": "done"}},
+        {"step": 1, "files": {"a.py": "done", "b.py": "wip"}},
+        {"step": 2, "files": {"b.py": "wip"}},
+        {"step": 2, "files": {"b.py": "wip"}, "notes": ["x"]},
+    ]
+    assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 0)
+    for patch, expected in zip(patches, steps, strict=True):
+        merged = database.write_sync(lambda b, p=patch: b.merge_checkpoint(task_id, json.dumps(p)))
+        assert json.loads(merged) == expected
+    fence, checkpoint = database.write_sync(lambda b: b.bump_fence(task_id))
+    assert (json.loads(checkpoint), fence) == (steps[-1], 1)

@@ -40,8 +40,8 @@ def test_work_now_has_an_audience_while_a_long_poll_waits(database: Database) ->
 def test_a_unit_of_work_wakes_once_per_notification_and_names_the_agent(
     database: Database,
 ) -> None:
-    """Moved from tests/postgres/test_database.py (where a second database listens; that one
-    stays there), on every backend."""
+    """As tests/postgres/test_database.py checks from one database to another, here on one
+    database of every backend."""
     notifier = database.notifier
     heard: list[Heard] = []
     notifier.subscribe(lambda role, at, agent: heard.append((role, at, agent)))

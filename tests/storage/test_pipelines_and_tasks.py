@@ -72,7 +72,11 @@ def test_a_task_is_stored_as_written(database: Database) -> None:
     task = database.read_sync(lambda b: b.get_task(task_id))
     assert task is not None
     assert (task.stage, task.title, task.description, task.priority) == (
-        "todo", "Write it", "all of it", 3)  # fmt: skip
+        "todo",
+        "Write it",
+        "all of it",
+        3,
+    )
     assert msgspec.json.decode(task.metadata) == {"a": [1, 2]}
     assert (task.task_version, task.next_eligible_at_ms) == (1, 0)
     assert (task.retry_delay_ms, task.max_attempts, task.dead_letter_stage) == (250, 4, "dead")
@@ -95,10 +99,20 @@ def test_an_idempotency_key_names_one_task_per_pipeline(database: Database) -> N
 
     def again(b: Backend, pipeline_id: str) -> bool:
         return b.insert_task(
-            id="another", pipeline_id=pipeline_id, stage="todo", title="t", description="",
-            priority=0, metadata_json="{}", max_attempts=None, retry_delay_ms=0,
-            dead_letter_stage=None, idempotency_key="k", retry_delay_set=False, now=NOW,
-        )  # fmt: skip
+            id="another",
+            pipeline_id=pipeline_id,
+            stage="todo",
+            title="t",
+            description="",
+            priority=0,
+            metadata_json="{}",
+            max_attempts=None,
+            retry_delay_ms=0,
+            dead_letter_stage=None,
+            idempotency_key="k",
+            retry_delay_set=False,
+            now=NOW,
+        )
 
     assert database.write_sync(lambda b: again(b, first)) is False  # the key is taken
     assert database.read_sync(lambda b: b.task_by_idempotency_key(first, "k")) == task

@@ -90,11 +90,15 @@ def test_failures_are_listed_newest_first_grouped_and_found_looping(database: Da
         one, two = make_pipeline(b), make_pipeline(b, "writer")
         return one, two, [make_task(b, one), make_task(b, one), make_task(b, two, title="w")]
 
-    one, two, (looping, parked, other) = database.write_sync(job)
+    _one, two, (looping, parked, other) = database.write_sync(job)
     for n in range(3):  # three failures in a row: a task failing in a loop
-        got = database.write_sync(lambda b: claimed(b, now=NOW + 10 * n))
-        assert got.task.id in (looping, parked)
-        database.write_sync(lambda b: fail(b, got, f"boom {n}", NOW + 10 * n + 1))
+
+        def failed(b: Backend, n: int = n) -> str:
+            got = claimed(b, now=NOW + 10 * n)
+            fail(b, got, f"boom {n}", NOW + 10 * n + 1)
+            return got.task.id
+
+        assert database.write_sync(failed) == looping
     got = database.write_sync(lambda b: claimed(b, "writer", now=NOW + 40))
     database.write_sync(lambda b: fail(b, got, "bang", NOW + 41, retry_at=NOW + 10_000))
 
@@ -103,33 +107,47 @@ def test_failures_are_listed_newest_first_grouped_and_found_looping(database: Da
 
     database.write_sync(park)
     failures = database.read_sync(
-        lambda b: b.list_failures(states=frozenset({"dead_lettered", "cancelled", "failing"}),
-                                  pipeline_id=None, error=None, before=None, limit=10)
-    )  # fmt: skip
+        lambda b: b.list_failures(
+            states=frozenset({"dead_lettered", "cancelled", "failing"}),
+            pipeline_id=None,
+            error=None,
+            before=None,
+            limit=10,
+        )
+    )
     assert [f.at_ms for f in failures] == sorted((f.at_ms for f in failures), reverse=True)
     by_id = {f.id: f for f in failures}
     assert set(by_id) >= {parked, other} and by_id[parked].state == "cancelled"
     assert (by_id[parked].cancelled_at_ms, by_id[parked].cancel_reason) == (NOW + 50, "stop")
     assert by_id[parked].dead_letter_reason is None  # a cancel is no dead letter
     assert (by_id[other].state, by_id[other].last_error, by_id[other].failures) == (
-        "failing", "bang", 1)  # fmt: skip
+        "failing",
+        "bang",
+        1,
+    )
     assert by_id[other].next_eligible_at_ms == NOW + 10_000 and not by_id[other].leased
     only = database.read_sync(
-        lambda b: b.list_failures(states=frozenset({"failing"}), pipeline_id=two, error="bang",
-                                  before=None, limit=10)
-    )  # fmt: skip
+        lambda b: b.list_failures(
+            states=frozenset({"failing"}), pipeline_id=two, error="bang", before=None, limit=10
+        )
+    )
     assert [f.id for f in only] == [other]
     first = failures[0]
     rest = database.read_sync(
-        lambda b: b.list_failures(states=frozenset({"dead_lettered", "cancelled", "failing"}),
-                                  pipeline_id=None, error=None, before=(first.at_ms, first.id),
-                                  limit=10)
-    )  # fmt: skip
+        lambda b: b.list_failures(
+            states=frozenset({"dead_lettered", "cancelled", "failing"}),
+            pipeline_id=None,
+            error=None,
+            before=(first.at_ms, first.id),
+            limit=10,
+        )
+    )
     assert [f.id for f in rest] == [f.id for f in failures[1:]]
     groups = database.read_sync(
-        lambda b: b.failure_groups(states=frozenset({"cancelled", "failing"}), pipeline_id=None,
-                                   limit=10)
-    )  # fmt: skip
+        lambda b: b.failure_groups(
+            states=frozenset({"cancelled", "failing"}), pipeline_id=None, limit=10
+        )
+    )
     assert [(g.state, g.error, g.count, g.newest_at_ms, g.oldest_at_ms) for g in groups] == [
         ("cancelled", None, 1, NOW + 50, NOW + 50),
         ("failing", "bang", 1, NOW + 41, NOW + 41),
@@ -139,8 +157,10 @@ def test_failures_are_listed_newest_first_grouped_and_found_looping(database: Da
     assert all(g.newest_at_ms >= g.oldest_at_ms for g in groups)
     looping_now = database.read_sync(lambda b: b.failing_tasks(NOW, 2, 1_000, 10))
     # The oldest task was claimed each time (it was eligible again at once): 3 in a row.
-    assert [(f.task_id, f.failures, f.error, f.last_failed_at_ms, f.next_eligible_at_ms)
-            for f in looping_now] == [(looping, 3, "boom 2", NOW + 21, NOW + 21)]  # fmt: skip
+    assert [
+        (f.task_id, f.failures, f.error, f.last_failed_at_ms, f.next_eligible_at_ms)
+        for f in looping_now
+    ] == [(looping, 3, "boom 2", NOW + 21, NOW + 21)]
     assert database.read_sync(lambda b: b.failing_tasks(NOW, 4, 1_000, 10)) == []
     counted = database.read_sync(lambda b: b.failing_tasks(NOW, 1, 1_000, 10))
     assert other in [f.task_id for f in counted]
@@ -175,7 +195,8 @@ def test_the_event_feed_reads_every_run_event_after_an_id(database: Database) ->
         (ids[2], one.run_id, one.task.id, "transition"),
     ]
     assert feed[0].pipeline_id == one.task.pipeline_id and json.loads(bytes(feed[0].data)) == {
-        "n": 1}  # fmt: skip
+        "n": 1
+    }
     assert [e.id for e in database.read_sync(lambda b: b.events_feed(ids[0], 1))] == [ids[1]]
     mine = database.read_sync(lambda b: b.events_feed(0, 10, one.task.id))
     assert [e.id for e in mine] == [ids[0], ids[2]]

@@ -58,12 +58,18 @@ def test_a_key_holds_one_value_and_namespaces_are_listed_and_dropped(database: D
     put(database, "ns", "a", [1, "x"], now=7)
     put(database, "other", "z", None, now=3)
     listed = database.read_sync(lambda b: b.list_namespace("ns"))
-    assert [(e.key, json.loads(bytes(e.value))) for e in listed] == [("a", [1, "x"]), ("k", {"v": 2})]
+    assert [(e.key, json.loads(bytes(e.value))) for e in listed] == [
+        ("a", [1, "x"]),
+        ("k", {"v": 2}),
+    ]
     summaries = database.read_sync(lambda b: b.list_namespaces("", 10))
     assert [(n.namespace, n.keys, n.updated_at_ms) for n in summaries] == [
-        ("ns", 2, 7), ("other", 1, 3)]  # fmt: skip
+        ("ns", 2, 7),
+        ("other", 1, 3),
+    ]
     assert [n.namespace for n in database.read_sync(lambda b: b.list_namespaces("ns", 10))] == [
-        "other"]  # fmt: skip
+        "other"
+    ]
     assert len(database.read_sync(lambda b: b.list_namespaces("", 1))) == 1
     database.write_sync(lambda b: b.delete_value("ns", "k"))
     database.write_sync(lambda b: b.delete_value("ns", "nope"))  # nothing to delete: fine
@@ -72,10 +78,13 @@ def test_a_key_holds_one_value_and_namespaces_are_listed_and_dropped(database: D
     database.write_sync(lambda b: b.delete_namespace("ns"))
     assert database.read_sync(lambda b: b.list_namespace("ns")) == []
     assert [n.namespace for n in database.read_sync(lambda b: b.list_namespaces("", 10))] == [
-        "other"]  # fmt: skip
+        "other"
+    ]
     # Values come back as written: no reformatting of the JSON text.
     database.write_sync(lambda b: b.put_value("raw", "k", '{"b":1,"a":[1,2]}', NOW))
-    assert bytes(database.read_sync(lambda b: b.get_value("raw", "k")).value) == b'{"b":1,"a":[1,2]}'
+    assert (
+        bytes(database.read_sync(lambda b: b.get_value("raw", "k")).value) == b'{"b":1,"a":[1,2]}'
+    )
 
 
 @covers("Backend.search_store")
@@ -102,6 +111,14 @@ def test_matches_come_ranked_with_every_query_word_in_brackets(database: Databas
     assert hits[0][0] == "one"  # three times "login": ranked first
     assert {k for k, _ in hits} == {"one", "two", "three"}
     assert "[login]" in hits[0][1] and "[bug]" in hits[0][1]
+    found = database.read_sync(
+        lambda b: b.search_store(search_terms("Login BUG"), "ns", None, None, 20)
+    )
+    scores = [h.score for h in found]
+    assert scores == sorted(scores) and scores[0] < 0  # lower is better, as bm25 on SQLite
+    assert json.loads(bytes(found[0].value)) == {
+        "note": "the login bug: login fails, login page blank"
+    }
 
 
 @covers("Backend.search_store")
@@ -131,8 +148,7 @@ def test_a_term_of_several_words_is_a_phrase(database: Database) -> None:
 def test_keys_and_namespaces_are_searched_too(database: Database) -> None:
     put(database, "ns", "deploy-checklist", {"t": "nothing relevant"})
     assert search(database, "checklist", "ns") == [("deploy-checklist", "deploy-[checklist]")]
-    put(database, "teamspace", "k", {"t": "nothing"})
-    assert keys(database, "teamspace") == ["k"]
+    assert keys(database, "ns") == ["deploy-checklist"]
 
 
 @covers("Backend.search_store")
@@ -148,7 +164,7 @@ def test_search_filters_by_namespace_and_json_path(database: Database) -> None:
     put(database, ns, "c", {"t": "shared word", "list": [{"status": "open"}]})
 
     def found(**filters: Any) -> list[str]:
-        return sorted(keys(database, "shared", ns, **filters))
+        return sorted(keys(database, "shared", ns, **filters))  # ties rank differently
 
     assert found() == ["a", "b", "c"]
     assert found(filter_path="$.status", filter_value="open") == ["a"]  # arrays not unwrapped
@@ -158,6 +174,7 @@ def test_search_filters_by_namespace_and_json_path(database: Database) -> None:
     assert found(filter_path="$.ok", filter_value="null") == ["b"]
     assert found(filter_path="$.ok") == ["a", "b"]  # a JSON null is there
     assert found(filter_path="$.list[0].status", filter_value="open") == ["c"]
+    assert len(keys(database, "shared")) == 3
     assert len(keys(database, "shared", ns, limit=2)) == 2
 
 
