@@ -5,7 +5,8 @@ BACKENDS maps a backend's test name to a function that makes a fresh, empty targ
 over it, so every test of tests/storage that asks for `database` (or `opened`, `target`) runs
 once per backend: SQLite with durability `full` (its writer answers and notifies only after
 its WAL sync thread synced the commit), SQLite with `normal` (each a new file of the test's
-own), and PostgreSQL (the session's one migrated database, emptied before each test). The suite opens databases through storage.factory and sees only the storage ports.
+own), and PostgreSQL (the session's one migrated database, emptied before each test). The
+suite opens databases through storage.factory and sees only the storage ports.
 
 A third backend plugs in here: one more entry in BACKENDS (a function giving a fresh target
 for it), and every test of the suite runs on it too.
