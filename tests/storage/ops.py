@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nulltickets.domain.ids import new_id
@@ -125,28 +126,18 @@ def make_task(
     return task_id
 
 
+@dataclass(frozen=True)
 class Claimed:
     """A claim made through the port: the task, its run, its lease."""
 
-    def __init__(
-        self,
-        task: Task,
-        run_id: str,
-        lease_id: str,
-        attempt: int,
-        fence: int,
-        checkpoint: str | None,
-        token_hash: bytes,
-        expires_at_ms: int,
-    ) -> None:
-        self.task = task
-        self.run_id = run_id
-        self.lease_id = lease_id
-        self.attempt = attempt
-        self.fence = fence
-        self.checkpoint = checkpoint
-        self.token_hash = token_hash
-        self.expires_at_ms = expires_at_ms
+    task: Task
+    run_id: str
+    lease_id: str
+    attempt: int
+    fence: int
+    checkpoint: str | None
+    token_hash: bytes
+    expires_at_ms: int
 
 
 def claim(
@@ -184,11 +175,3 @@ def claimed(b: Backend, role: str = "coder", agent: str = "agent", **kw: Any) ->
     found = claim(b, role, agent, **kw)
     assert found is not None
     return found
-
-
-def write(database: Database, job: Callable[[Backend], Any]) -> Any:
-    return database.write_sync(job)
-
-
-def read(database: Database, job: Callable[[Backend], Any]) -> Any:
-    return database.read_sync(job)
