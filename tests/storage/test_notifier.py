@@ -99,9 +99,10 @@ def test_work_for_later_is_heard_on_the_subscribers_loop_after_the_commit(
 
 @covers("Notifier.on_commit")
 def test_every_commit_reaches_on_commit_even_one_that_notifies_nobody(database: Database) -> None:
-    """Event streams hear of every commit: a run event wakes no claim, but its stream reads it."""
+    """Event streams hear of every commit: a run event wakes no claim, but its stream must read
+    it, so when `on_commit` is called what the unit wrote is there to read."""
 
-    async def scenario() -> int:
+    async def scenario() -> tuple[int, str | None]:
         commits = asyncio.Event()
         count = 0
 
@@ -111,11 +112,13 @@ def test_every_commit_reaches_on_commit_even_one_that_notifies_nobody(database: 
             commits.set()
 
         database.notifier.on_commit(committed, asyncio.get_running_loop())
-        await database.write(lambda b: b.put_value("ns", "k", "1", 1))
+        await database.write(lambda b: b.put_value("ns", "k", '"written"', 1))
         await asyncio.wait_for(commits.wait(), timeout=10)
-        return count
+        entry = await database.read(lambda b: b.get_value("ns", "k"))
+        return count, None if entry is None else bytes(entry.value).decode()
 
-    assert asyncio.run(scenario()) >= 1
+    count, seen = asyncio.run(scenario())
+    assert count >= 1 and seen == '"written"'
 
 
 @covers("Notifier.on_commit")
