@@ -1,9 +1,9 @@
 """Claims on PostgreSQL: claim_candidate with FOR UPDATE SKIP LOCKED, run by real threads on
-their own connections, never hands one task to two claimers."""
+their own connections, never hands one task to two claimers. How a claim chooses, on every
+backend, is tests/storage/test_leases_and_runs.py."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from typing import Any
@@ -111,55 +111,6 @@ def test_concurrent_claimers_never_get_the_same_task(pg_shared_dsn: str, pg_conn
             "SELECT DISTINCT fence FROM tasks WHERE pipeline_id = %s", (pipeline_id,)
         ).fetchall()
         assert fences == [(1,)]  # one claim (one fence bump) per task
-
-
-def test_a_claim_takes_the_most_urgent_then_the_oldest_task(pg_conn: Conn) -> None:
-    role = unique("coder")
-    pipeline_id = make_pipeline(pg_conn, role)
-    old = make_task(pg_conn, pipeline_id, now=1, priority=1)
-    same_ms = [make_task(pg_conn, pipeline_id, now=2, priority=1) for _ in range(3)]
-    urgent = make_task(pg_conn, pipeline_id, now=3, priority=5)
-    later = make_task(pg_conn, pipeline_id, now=NOW + 1, priority=9)  # not eligible yet
-    run(pg_conn, "schedule_retry", id=later, next_eligible_at_ms=NOW + 1, now=NOW, error=None)
-    order = [claim(pg_conn, role, "a")[0] for _ in range(6)]
-    assert order == [urgent, old, *same_ms, None]  # same ms: in the order they were created
-
-
-def test_full_stages_and_pairs_are_passed_over(pg_conn: Conn) -> None:
-    role = unique("coder")
-    first, second = make_pipeline(pg_conn, role), make_pipeline(pg_conn, role)
-    a = make_task(pg_conn, first, now=1)
-    b = make_task(pg_conn, second, now=2)
-    assert claim(pg_conn, role, "x", full_stages=json.dumps(["todo"])) == (None, False)
-    pair = json.dumps([[first, "todo"]])
-    assert claim(pg_conn, role, "x", full_pairs=pair) == (b, False)
-    assert claim(pg_conn, role, "x", full_stages=json.dumps(["other"])) == (a, False)
-
-
-def test_blocked_and_assigned_tasks_wait_for_their_turn(pg_conn: Conn) -> None:
-    role = unique("coder")
-    pipeline_id = make_pipeline(pg_conn, role)
-    upstream = make_task(pg_conn, pipeline_id, now=1)
-    blocked = make_task(pg_conn, pipeline_id, now=2)
-    mine = make_task(pg_conn, pipeline_id, now=3)
-    run(pg_conn, "insert_dependency", task_id=blocked, depends_on_task_id=upstream, now=3)
-    run(pg_conn, "upsert_assignment", task_id=mine, agent_id="me", assigned_by=None, now=3)
-    assert one(pg_conn, "list_assignments", task_id=mine)[3] is True
-    assert claim(pg_conn, role, "other") == (upstream, False)
-    assert claim(pg_conn, role, "other") == (None, False)  # blocked waits, mine is not theirs
-    assert claim(pg_conn, role, "me") == (mine, False)
-    run(pg_conn, "move_task", id=upstream, stage="done", task_version=1, now=NOW)
-    assert one(pg_conn, "list_dependencies", task_id=blocked) == (upstream, True)
-    assert claim(pg_conn, role, "other") == (blocked, False)
-    queue = [
-        r
-        for r in all_rows(
-            pg_conn, "role_stage_queue", now=NOW, stuck_before=NOW, near_expiry_before=NOW + 60_000
-        )
-        if r[0] == role
-    ]
-    # (role, claimable, oldest claimable, failed, stuck, near expiry): the two left are leased
-    assert queue == [(role, 0, None, 0, 2, 2)]
 
 
 def test_concurrent_reapers_share_the_expired_leases(pg_shared_dsn: str, pg_conn: Conn) -> None:

@@ -1,6 +1,7 @@
 """PostgresDatabase on a real PostgreSQL: units of work from many threads and several
 databases at once (each standing for a server), migrations on open, notifications across
-processes' connections, errors at the edge."""
+processes' connections, errors at the edge. What every backend's database does alike is
+tests/storage."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from nulltickets.domain.clock import wall_ms
 from nulltickets.domain.commands import Claim, CreatePipeline, CreateTask, Heartbeat
-from nulltickets.errors import DuplicateName, StartupError, StorageUnavailable
+from nulltickets.errors import DuplicateName, StartupError
 from nulltickets.service import Tracker
 from nulltickets.storage import factory
 from nulltickets.storage.ports import EVERY_ROLE
@@ -135,34 +136,6 @@ def test_concurrent_reapers_end_each_expired_lease_once(
         ]
     )
     assert all(kinds.count("lease_expired") == 1 for kinds in events), events
-
-
-def test_a_pipeline_name_created_at_once_on_two_databases_exists_once(
-    open_db: Callable[..., PostgresDatabase],
-) -> None:
-    dbs = [open_db(), open_db()]
-    name = unique("pipe")
-    definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
-    outcomes: list[str] = []
-    start = threading.Barrier(8)
-
-    def create(db: PostgresDatabase) -> None:
-        tracker = Tracker(db.notifier)
-        start.wait()
-        try:
-            db.write_sync(
-                lambda b: tracker.create_pipeline(b, CreatePipeline(name, definition), wall_ms())
-            )
-            outcomes.append("created")
-        except DuplicateName:
-            outcomes.append("duplicate_name")
-
-    threads = [threading.Thread(target=create, args=(dbs[i % 2],)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(outcomes) == ["created"] + ["duplicate_name"] * 7
 
 
 def test_a_commit_on_one_database_wakes_the_subscribers_of_another(
@@ -300,14 +273,6 @@ def test_connections_killed_under_the_pool_are_replaced_without_an_error(
     result = db.write_sync(lambda b: tracker.claim(b, Claim("a", role), wall_ms()))
     assert result is not None
     assert db.read_sync(lambda b: b.task_exists(result.task.id))
-
-
-def test_a_closed_database_answers_storage_unavailable(pg_shared_dsn: str) -> None:
-    db = PostgresDatabase(pg_shared_dsn)
-    db.open()
-    db.close()
-    with pytest.raises(StorageUnavailable):
-        db.write_sync(lambda b: b.task_exists("x"))
 
 
 def test_a_heartbeat_racing_the_reaper_never_revives_an_expired_lease(

@@ -1,4 +1,6 @@
-"""Exclusivity and uniqueness hold in the PostgreSQL data itself, whoever writes."""
+"""Exclusivity and uniqueness hold in the PostgreSQL data itself, whoever writes: its
+constraints by name, and the locks that order concurrent writers. The same rules through the
+storage port, on every backend, are tests/storage."""
 
 from __future__ import annotations
 
@@ -30,29 +32,6 @@ def test_a_second_running_run_for_a_task_is_a_unique_violation(pg_conn: Conn) ->
     with pytest.raises(errors.UniqueViolation) as caught:
         raw_running_run(pg_conn, task, 2)
     assert caught.value.diag.constraint_name == "runs_one_running_per_task"
-
-
-def test_once_the_run_ends_the_task_can_run_again(pg_conn: Conn) -> None:
-    task = make_task(pg_conn, make_pipeline(pg_conn, unique("role")))
-    assert task is not None
-    assert start_run(pg_conn, task) == 1
-    (run_id,) = one(pg_conn, "latest_run", task_id=task)[:1]
-    ended = run(
-        pg_conn, "end_run", id=run_id, status="failed", usage_json="{}", error_text="x", now=3
-    )
-    assert ended == 1
-    assert start_run(pg_conn, task) == 2
-
-
-def test_insert_run_gives_no_row_while_the_task_has_a_running_run(pg_conn: Conn) -> None:
-    task = make_task(pg_conn, make_pipeline(pg_conn, unique("role")))
-    assert task is not None
-    assert start_run(pg_conn, task, "a") == 1
-    assert start_run(pg_conn, task, "b") is None
-    assert one(pg_conn, "leased_in_stage", stage="todo")[0] >= 1
-    assert pg_conn.execute("SELECT count(*) FROM runs WHERE task_id = %s", (task,)).fetchone() == (
-        1,
-    )
 
 
 def test_a_run_status_outside_the_run_state_machine_is_refused(pg_conn: Conn) -> None:

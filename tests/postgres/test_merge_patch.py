@@ -11,9 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import unique
-from tests.postgres.sql import make_pipeline, make_task, one
-
 Conn = psycopg.Connection[Any]
 
 # RFC 7396, Appendix A: (target, patch, result).
@@ -109,23 +106,3 @@ def test_jsonb_merge_patch_agrees_with_sqlite_json_patch(
 ) -> None:
     sqlite = apsw.Connection(":memory:")
     assert pg_merge(pg_conn, target, patch) == sqlite_merge(sqlite, target, patch)
-
-
-def test_merge_checkpoint_folds_every_write_into_the_task(pg_conn: Conn) -> None:
-    task = make_task(pg_conn, make_pipeline(pg_conn, unique("role")))
-    patches = [
-        {"step": 1, "files": {"a.py": "done"}},
-        {"files": {"b.py": "wip"}},
-        {"files": {"a.py": None}, "step": 2},
-        {"notes": ["x"]},
-    ]
-    sqlite = apsw.Connection(":memory:")
-    expected: Any = {}
-    assert one(pg_conn, "task_resume", id=task) == (None, 0)
-    for patch in patches:
-        (merged,) = one(pg_conn, "merge_checkpoint", id=task, patch=json.dumps(patch))
-        expected = sqlite_merge(sqlite, expected, patch)
-        assert json.loads(merged) == expected
-    assert expected == {"step": 2, "files": {"b.py": "wip"}, "notes": ["x"]}
-    fence, checkpoint = one(pg_conn, "bump_fence", id=task)
-    assert (json.loads(checkpoint), fence) == (expected, 1)

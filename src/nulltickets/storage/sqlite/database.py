@@ -519,7 +519,7 @@ class Writer:
         conn = self._conn
         if conn is None:
             for i in todo:
-                outcomes[i] = (None, StorageBusy("the database is closed"))
+                outcomes[i] = (None, StorageUnavailable("the database is closed"))
             return []
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -589,6 +589,7 @@ class Readers:
         self._backends: list[SqliteBackend] = []
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="nulltickets-reader")
+        self._closed = False
 
     def _backend(self) -> SqliteBackend:
         backend: SqliteBackend | None = getattr(self._local, "backend", None)
@@ -600,6 +601,8 @@ class Readers:
         return backend
 
     def run(self, job: Callable[[SqliteBackend], T]) -> T:
+        if self._closed:  # as on PostgreSQL: no read of a closed database (nor a new connection)
+            raise StorageUnavailable("the database is closed")
         backend = self._backend()
         conn = backend.conn
         conn.execute("BEGIN")
@@ -612,10 +615,13 @@ class Readers:
                 conn.execute("COMMIT")
 
     async def read(self, job: Callable[[SqliteBackend], T]) -> T:
+        if self._closed:
+            raise StorageUnavailable("the database is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.run, job)
 
     def close(self) -> None:
+        self._closed = True
         self._pool.shutdown(wait=True)
         with self._lock:
             for backend in self._backends:

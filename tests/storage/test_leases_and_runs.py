@@ -1,0 +1,456 @@
+"""Claims, runs, leases, fences, failures and checkpoints through the storage port: every
+guard is in the statements themselves."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from nulltickets.domain.ids import new_id
+from nulltickets.errors import StorageBusy
+from nulltickets.storage.backend import Backend
+from nulltickets.storage.ports import Database
+from tests.storage.ops import NOW, Claimed, claim, claimed, covers, make_pipeline, make_task
+
+
+def one_task(database: Database, **kw: Any) -> str:
+    return str(database.write_sync(lambda b: make_task(b, make_pipeline(b), **kw)))
+
+
+@covers(
+    "Backend.claim_candidate",
+    "Backend.insert_run",
+    "Backend.bump_fence",
+    "Backend.insert_lease",
+    "Backend.lease_by_run",
+    "Backend.lease_by_id",
+    "Backend.latest_run",
+    "Backend.run_exists",
+    "Backend.run_status",
+    "Backend.run_status_of_lease",
+    "Backend.task_run_state",
+    "Backend.live_lease_of_task",
+    "Backend.task_fence_of_run",
+    "Backend.task_fence_of_lease",
+)
+def test_a_claim_starts_a_run_raises_the_fence_and_leases_it(database: Database) -> None:
+    task_id = one_task(database)
+    assert database.read_sync(lambda b: b.latest_run(task_id)) is None
+    assert database.read_sync(lambda b: b.task_run_state(task_id)) is None
+    got: Claimed = database.write_sync(lambda b: claimed(b, agent="ann", ttl=5_000))
+    assert (got.task.id, got.attempt, got.fence, got.checkpoint) == (task_id, 1, 1, None)
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None
+    assert (lease.id, lease.run_id, lease.task_id, lease.token_hash) == (
+        got.lease_id,
+        got.run_id,
+        task_id,
+        got.token_hash,
+    )
+    assert (lease.expires_at_ms, lease.ttl_ms, lease.run_status) == (NOW + 5_000, 5_000, "running")
+    assert (lease.stage, lease.task_version, lease.fence, lease.agent_id) == ("todo", 1, 1, "ann")
+    assert database.read_sync(lambda b: b.lease_by_id(got.lease_id)) == lease
+    # In a write, where a backend may lock the lease's rows, the same rows.
+    assert database.write_sync(lambda b: b.lease_by_run(got.run_id)) == lease
+    assert database.write_sync(lambda b: b.lease_by_id(got.lease_id)) == lease
+    assert database.read_sync(lambda b: b.lease_by_run("nope")) is None
+    assert database.read_sync(lambda b: b.lease_by_id("nope")) is None
+    run = database.read_sync(lambda b: b.latest_run(task_id))
+    assert run is not None
+    assert (run.id, run.task_id, run.attempt, run.status) == (got.run_id, task_id, 1, "running")
+    assert (run.agent_id, run.agent_role, run.started_at_ms, run.ended_at_ms) == (
+        "ann",
+        "coder",
+        NOW,
+        None,
+    )
+    assert database.read_sync(lambda b: b.run_exists(got.run_id))
+    assert not database.read_sync(lambda b: b.run_exists("nope"))
+    assert database.read_sync(lambda b: b.run_status(got.run_id)) == "running"
+    assert database.read_sync(lambda b: b.run_status("nope")) is None
+    assert database.read_sync(lambda b: b.run_status_of_lease(got.lease_id)) == "running"
+    assert database.read_sync(lambda b: b.run_status_of_lease("nope")) is None
+    assert database.read_sync(lambda b: b.task_run_state(task_id)) == got.run_id
+    assert database.read_sync(lambda b: b.task_run_state("nope")) is None
+    assert database.write_sync(lambda b: b.live_lease_of_task(task_id)) == (
+        got.lease_id,
+        got.run_id,
+        NOW + 5_000,
+    )
+    assert database.read_sync(lambda b: b.task_fence_of_run(got.run_id)) == 1
+    assert database.read_sync(lambda b: b.task_fence_of_lease(got.lease_id)) == 1
+    assert database.read_sync(lambda b: b.task_fence_of_run("nope")) is None
+    assert database.read_sync(lambda b: b.task_fence_of_lease("nope")) is None
+    # A leased task is not claimable again.
+    assert database.write_sync(lambda b: claim(b, agent="bob")) is None
+
+
+@covers("Backend.claim_candidate")
+def test_a_claim_takes_the_most_urgent_then_the_oldest_eligible_task(database: Database) -> None:
+    """Moved from tests/postgres/test_claims.py, on every backend."""
+
+    def job(b: Backend) -> tuple[str, list[str], str, str]:
+        pipeline_id = make_pipeline(b)
+        old = make_task(b, pipeline_id, now=1, priority=1)
+        same_ms = [make_task(b, pipeline_id, now=2, priority=1) for _ in range(3)]
+        urgent = make_task(b, pipeline_id, now=3, priority=5)
+        later = make_task(b, pipeline_id, now=NOW + 1, priority=9)
+        b.schedule_retry(later, NOW + 1, None, NOW)  # not eligible yet
+        make_task(b, pipeline_id, stage="review", priority=9)  # another role's
+        return old, same_ms, urgent, later
+
+    old, same_ms, urgent, later = database.write_sync(job)
+    order = [database.write_sync(lambda b: claimed(b).task.id) for _ in range(5)]
+    assert order == [urgent, old, *same_ms]  # same ms: in the order they were created
+    assert database.write_sync(lambda b: claim(b)) is None
+    assert database.write_sync(lambda b: claimed(b, now=NOW + 1).task.id) == later
+
+
+@covers("Backend.claim_candidate")
+def test_full_stages_and_pairs_are_passed_over(database: Database) -> None:
+    """Moved from tests/postgres/test_claims.py, on every backend."""
+
+    def job(b: Backend) -> tuple[str, str, str, str]:
+        first, second = make_pipeline(b), make_pipeline(b)
+        return first, second, make_task(b, first, now=1), make_task(b, second, now=2)
+
+    first, _second, a, b_ = database.write_sync(job)
+    assert database.write_sync(lambda b: claim(b, full_stages=("todo",))) is None
+    got = database.write_sync(lambda b: claim(b, full_pairs=((first, "todo"),)))
+    assert got is not None and got.task.id == b_
+    got = database.write_sync(lambda b: claim(b, full_stages=("other",)))
+    assert got is not None and got.task.id == a
+
+
+@covers("Backend.insert_run", "Backend.end_run", "Backend.list_task_runs")
+def test_the_data_keeps_one_running_run_per_task(database: Database) -> None:
+    """Whatever chooses the task, the database itself refuses a second running run (and the
+    claim that lost may simply try again); once the run ends, the task can run again."""
+    task_id = one_task(database)
+    got = database.write_sync(lambda b: claimed(b))
+    with pytest.raises(StorageBusy):
+        database.write_sync(lambda b: b.insert_run(new_id(), task_id, "x", "coder", NOW, new_id()))
+    runs = database.read_sync(lambda b: b.list_task_runs(task_id, 0, 10))
+    assert [(r.id, r.attempt) for r in runs] == [(got.run_id, 1)]
+    assert database.read_sync(lambda b: b.leased_in_stage("todo")) == 1
+    assert database.write_sync(lambda b: b.end_run(got.run_id, "failed", "{}", "x", NOW + 3))
+    second = database.write_sync(lambda b: b.insert_run(new_id(), task_id, "b", "r", NOW, new_id()))
+    assert second == 2
+
+
+@covers("Backend.insert_lease")
+def test_a_run_has_at_most_one_lease(database: Database) -> None:
+    task_id = one_task(database)
+
+    def lease(b: Backend, run_id: str) -> None:
+        b.insert_lease(
+            id=new_id(),
+            run_id=run_id,
+            agent_id="a",
+            token_hash=b"h" * 32,
+            expires_at_ms=NOW + 9,
+            ttl_ms=5,
+            fence=1,
+            now=NOW,
+        )
+
+    run_id = new_id()
+    database.write_sync(lambda b: b.insert_run(run_id, task_id, "a", "coder", NOW, new_id()))
+    database.write_sync(lambda b: lease(b, run_id))
+    with pytest.raises(Exception) as refused:
+        database.write_sync(lambda b: lease(b, run_id))
+    assert "unique" in str(refused.value).lower() or isinstance(refused.value, StorageBusy)
+    assert database.read_sync(lambda b: b.leases_of_agent("a")) == [run_id]
+
+
+@covers(
+    "Backend.end_run",
+    "Backend.move_task",
+    "Backend.delete_lease",
+    "Backend.list_task_runs",
+    "Backend.list_task_runs_newest",
+)
+def test_a_run_ends_once_and_a_stale_version_moves_nothing(database: Database) -> None:
+    task_id = one_task(database)
+    got = database.write_sync(lambda b: claimed(b))
+    assert not database.write_sync(lambda b: b.move_task(task_id, "review", 7, NOW))
+    assert database.write_sync(lambda b: b.end_run(got.run_id, "completed", '{"t":1}', None, NOW))
+    assert not database.write_sync(lambda b: b.end_run(got.run_id, "failed", "{}", None, NOW))
+    assert database.write_sync(lambda b: b.move_task(task_id, "review", 1, NOW + 1))
+    assert not database.write_sync(lambda b: b.move_task(task_id, "done", 1, NOW + 2))
+    database.write_sync(lambda b: b.delete_lease(got.lease_id))
+    assert database.read_sync(lambda b: b.lease_by_id(got.lease_id)) is None
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.updated_at_ms) == ("review", 2, NOW + 1)
+    run = database.read_sync(lambda b: b.latest_run(task_id))
+    assert (run.status, run.ended_at_ms) == ("completed", NOW)
+    # Three more runs, for the pages of the timeline.
+    for n in range(3):
+
+        def fail(b: Backend, n: int = n) -> None:
+            got = claimed(b, "reviewer", f"r{n}")
+            b.end_run(got.run_id, "failed", "{}", f"e{n}", NOW + n)
+            b.delete_lease(got.lease_id)
+
+        database.write_sync(fail)
+    runs = database.read_sync(lambda b: b.list_task_runs(task_id, 0, 10))
+    assert [(r.attempt, r.status, r.error) for r in runs] == [
+        (1, "completed", None),
+        (2, "failed", "e0"),
+        (3, "failed", "e1"),
+        (4, "failed", "e2"),
+    ]
+    assert [r.attempt for r in database.read_sync(lambda b: b.list_task_runs(task_id, 1, 2))] == [
+        2,
+        3,
+    ]
+    newest = database.read_sync(lambda b: b.list_task_runs_newest(task_id, 2**31, 3))
+    assert [r.attempt for r in newest] == [4, 3, 2]
+    assert [
+        r.attempt for r in database.read_sync(lambda b: b.list_task_runs_newest(task_id, 2, 5))
+    ] == [1]
+    assert (newest[0].agent_id, newest[0].agent_role) == ("r2", "reviewer")
+
+
+@covers(
+    "Backend.extend_lease",
+    "Backend.rotate_lease_token",
+    "Backend.expired_leases",
+    "Backend.next_lease_expiry",
+    "Backend.active_leases",
+    "Backend.leases_of_agent",
+)
+def test_leases_expire_at_their_time_and_a_heartbeat_moves_it(database: Database) -> None:
+    database.write_sync(lambda b: [make_task(b, make_pipeline(b)) for _ in range(2)])
+    assert database.read_sync(lambda b: b.next_lease_expiry()) is None
+    early = database.write_sync(lambda b: claimed(b, agent="a", ttl=1_000))
+    late = database.write_sync(lambda b: claimed(b, agent="a", ttl=5_000))
+    assert database.read_sync(lambda b: b.next_lease_expiry()) == NOW + 1_000
+    assert database.read_sync(lambda b: b.leases_of_agent("a")) == [early.run_id, late.run_id]
+    assert database.read_sync(lambda b: b.leases_of_agent("b")) == []
+    assert database.read_sync(lambda b: b.active_leases(NOW)) == 2
+    assert database.read_sync(lambda b: b.active_leases(NOW + 1_000)) == 1
+    assert database.write_sync(lambda b: b.expired_leases(NOW + 999, 10)) == []
+    assert database.write_sync(lambda b: b.expired_leases(NOW + 1_000, 10)) == [
+        (early.lease_id, early.run_id, early.task.id)
+    ]
+    both = database.write_sync(lambda b: b.expired_leases(NOW + 5_000, 10))
+    assert [e[0] for e in both] == [early.lease_id, late.lease_id]  # the oldest first
+    assert len(database.write_sync(lambda b: b.expired_leases(NOW + 5_000, 1))) == 1
+    database.write_sync(lambda b: b.extend_lease(early.lease_id, NOW + 9_000, 8_000, NOW + 900))
+    lease = database.read_sync(lambda b: b.lease_by_id(early.lease_id))
+    assert (lease.expires_at_ms, lease.ttl_ms) == (NOW + 9_000, 8_000)
+    assert database.read_sync(lambda b: b.next_lease_expiry()) == NOW + 5_000
+    assert database.read_sync(lambda b: b.leases_of_agent("a")) == [late.run_id, early.run_id]
+    assert database.write_sync(lambda b: b.rotate_lease_token(early.lease_id, b"n" * 32))
+    assert database.read_sync(lambda b: b.lease_by_id(early.lease_id)).token_hash == b"n" * 32
+    assert not database.write_sync(lambda b: b.rotate_lease_token("nope", b"n" * 32))
+
+
+@covers("Backend.insert_event_under_lease", "Backend.insert_event", "Backend.list_events")
+def test_an_event_under_a_lease_needs_its_token_its_time_and_its_fence(database: Database) -> None:
+    one_task(database)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    token = got.token_hash
+
+    def under(token_hash: bytes, fence: int | None, now: int = NOW) -> int | None:
+        return database.write_sync(  # type: ignore[no-any-return]
+            lambda b: b.insert_event_under_lease(got.run_id, token_hash, fence, "k", "{}", now)
+        )
+
+    first = under(token, None)
+    second = under(token, 1)
+    assert first is not None and second is not None and second > first
+    assert under(b"x" * 32, None) is None  # another token
+    assert under(token, 2) is None  # another fence
+    assert under(token, None, NOW + 1_000) is None  # expired
+    plain = database.write_sync(lambda b: b.insert_event(got.run_id, "note", '{"a":1}', NOW + 5))
+    assert plain > second
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.id, e.run_id, e.kind) for e in events] == [
+        (first, got.run_id, "k"),
+        (second, got.run_id, "k"),
+        (plain, got.run_id, "note"),
+    ]
+    assert (events[2].ts_ms, json.loads(bytes(events[2].data))) == (NOW + 5, {"a": 1})
+    assert [e.id for e in database.read_sync(lambda b: b.list_events(got.run_id, first, 1))] == [
+        second
+    ]
+
+
+@covers(
+    "Backend.failed_attempts",
+    "Backend.previous_failures",
+    "Backend.schedule_retry",
+    "Backend.retry_waiting",
+)
+def test_failed_attempts_count_and_a_retry_waits_out_its_delay(database: Database) -> None:
+    task_id = one_task(database)
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 0
+    first = database.write_sync(lambda b: claimed(b))
+    database.write_sync(lambda b: b.end_run(first.run_id, "failed", "{}", "boom", NOW + 1))
+    database.write_sync(lambda b: b.delete_lease(first.lease_id))
+    database.write_sync(lambda b: b.schedule_retry(task_id, NOW + 500, "boom", NOW + 1))
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.next_eligible_at_ms, task.updated_at_ms) == (NOW + 500, NOW + 1)
+    assert database.write_sync(lambda b: claim(b, now=NOW + 499)) is None
+    waiting = database.read_sync(lambda b: b.retry_waiting(NOW + 2, 10))
+    assert [
+        (w.task_id, w.stage, w.next_eligible_at_ms, w.attempt, w.status, w.error, w.failed_at_ms)
+        for w in waiting
+    ] == [(task_id, "todo", NOW + 500, 1, "failed", "boom", NOW + 1)]
+    assert database.read_sync(lambda b: b.retry_waiting(NOW + 500, 10)) == []
+    second = database.write_sync(lambda b: claimed(b, now=NOW + 500))
+    assert second.attempt == 2
+    assert database.read_sync(lambda b: b.retry_waiting(NOW + 2, 10)) == []  # leased
+    database.write_sync(lambda b: b.end_run(second.run_id, "stale", "{}", "lease_expired", NOW + 9))
+    database.write_sync(lambda b: b.delete_lease(second.lease_id))
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 2
+    failures = database.read_sync(lambda b: b.previous_failures(task_id))
+    assert [(f.attempt, f.run_id, f.status, f.error, f.ended_at_ms) for f in failures] == [
+        (2, second.run_id, "stale", "lease_expired", NOW + 9),
+        (1, first.run_id, "failed", "boom", NOW + 1),
+    ]
+    assert len(database.read_sync(lambda b: b.previous_failures(task_id, 1))) == 1
+    # A completed or released run is no failure.
+    third = database.write_sync(lambda b: claimed(b, now=NOW + 500))
+    database.write_sync(lambda b: b.end_run(third.run_id, "released", "{}", None, NOW + 10))
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 2
+
+
+@covers(
+    "Backend.dead_letter_task",
+    "Backend.last_dead_letter",
+    "Backend.requeue_task",
+    "Backend.insert_event",
+)
+def test_a_dead_letter_parks_the_task_and_a_requeue_forgives_its_failures(
+    database: Database,
+) -> None:
+    task_id = one_task(database, max_attempts=1, dead_letter_stage="dead")
+    got = database.write_sync(lambda b: claimed(b))
+    assert database.read_sync(lambda b: b.last_dead_letter(task_id)) is None
+
+    def fail(b: Backend) -> None:
+        b.end_run(got.run_id, "failed", "{}", "boom", NOW + 1)
+        b.delete_lease(got.lease_id)
+        b.dead_letter_task(task_id, "dead", 1, "max_attempts_exceeded", 2**62, "boom", NOW + 1)
+        b.insert_event(got.run_id, "dead_letter", '{"from_stage":"todo"}', NOW + 1)
+
+    database.write_sync(fail)
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.dead_letter_reason) == (
+        "dead",
+        2,
+        "max_attempts_exceeded",
+    )
+    assert database.read_sync(lambda b: b.last_dead_letter(task_id)) == '{"from_stage":"todo"}'
+    assert database.write_sync(lambda b: claim(b)) is None
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 1
+    database.write_sync(lambda b: b.requeue_task(task_id, "todo", 1, True, NOW + 2))
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.dead_letter_reason) == ("todo", 3, None)
+    assert (task.next_eligible_at_ms, task.updated_at_ms) == (0, NOW + 2)
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 0  # written off
+    again = database.write_sync(lambda b: claimed(b, now=NOW + 3))
+    assert (again.task.id, again.attempt) == (task_id, 2)
+    database.write_sync(lambda b: b.end_run(again.run_id, "failed", "{}", "x", NOW + 4))
+    database.write_sync(lambda b: b.requeue_task(task_id, "todo", 0, False, NOW + 5))
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 1  # kept
+
+
+@covers("Backend.cancel_task", "Backend.task_cancellation", "Backend.requeue_task")
+def test_a_cancel_happens_once_and_a_requeue_undoes_it(database: Database) -> None:
+    task_id = one_task(database)
+    assert database.read_sync(lambda b: b.task_cancellation(task_id)) == (None, None)
+    assert database.write_sync(lambda b: b.cancel_task(task_id, "wrong plan", 2**62, NOW))
+    assert not database.write_sync(lambda b: b.cancel_task(task_id, "twice", 2**62, NOW + 1))
+    assert database.read_sync(lambda b: b.task_cancellation(task_id)) == (NOW, "wrong plan")
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert task.dead_letter_reason == "cancelled"
+    details = database.read_sync(lambda b: b.task_details(task_id))
+    assert details[3:] == (NOW, "wrong plan")
+    assert database.write_sync(lambda b: claim(b)) is None
+    database.write_sync(lambda b: b.requeue_task(task_id, "todo", 0, False, NOW + 2))
+    assert database.read_sync(lambda b: b.task_cancellation(task_id)) == (None, None)
+    assert database.write_sync(lambda b: claimed(b).task.id) == task_id
+
+
+@covers("Backend.merge_checkpoint", "Backend.task_resume", "Backend.bump_fence")
+def test_checkpoints_merge_as_rfc_7396_patches_and_come_back_with_the_next_claim(
+    database: Database,
+) -> None:
+    """Folded from tests/postgres/test_merge_patch.py (merge_checkpoint against SQLite's
+    json_patch there) and the contract suite's checkpoint test, on every backend."""
+    task_id = one_task(database)
+    assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 0)
+    assert database.read_sync(lambda b: b.task_resume("nope")) is None
+    patches: list[tuple[object, object]] = [
+        (
+            {"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]},
+            {"a": 1, "b": {"c": 2, "keep": True}, "list": [1, 2]},
+        ),
+        (
+            {"b": {"c": None, "d": 3}, "list": [3], "a": None, "n": None},
+            {"b": {"keep": True, "d": 3}, "list": [3]},
+        ),
+        (
+            {"files": {"a.py": "done"}},
+            {"b": {"keep": True, "d": 3}, "list": [3], "files": {"a.py": "done"}},
+        ),
+        ({"files": {"a.py": None}, "list": None}, {"b": {"keep": True, "d": 3}, "files": {}}),
+    ]
+    for patch, merged in patches:
+        got = database.write_sync(lambda b, p=patch: b.merge_checkpoint(task_id, json.dumps(p)))
+        assert json.loads(got) == merged
+    checkpoint, fence = database.read_sync(lambda b: b.task_resume(task_id))
+    assert (json.loads(checkpoint), fence) == (patches[-1][1], 0)
+    fence, checkpoint = database.write_sync(lambda b: b.bump_fence(task_id))
+    assert (fence, json.loads(checkpoint)) == (1, patches[-1][1])
+    got = database.write_sync(lambda b: claimed(b))
+    assert got.fence == 2 and json.loads(got.checkpoint) == patches[-1][1]
+    assert database.read_sync(lambda b: b.task_details(task_id))[1:3] == (got.checkpoint, 2)
+
+
+@covers("Backend.leased_in_stage", "Backend.leased_in_pipeline_stage")
+def test_leased_tasks_are_counted_by_stage_and_by_pipeline_stage(database: Database) -> None:
+    first, second = database.write_sync(lambda b: (make_pipeline(b), make_pipeline(b)))
+    database.write_sync(lambda b: [make_task(b, p) for p in (first, first, second)])
+    assert database.read_sync(lambda b: b.leased_in_stage("todo")) == 0
+    database.write_sync(lambda b: claimed(b, full_pairs=((second, "todo"),)))
+    database.write_sync(lambda b: claimed(b, full_pairs=((second, "todo"),)))
+    got = database.write_sync(lambda b: claimed(b))
+    assert database.read_sync(lambda b: b.leased_in_stage("todo")) == 3
+    assert database.read_sync(lambda b: b.leased_in_stage("review")) == 0
+    assert database.read_sync(lambda b: b.leased_in_pipeline_stage(first, "todo")) == 2
+    assert database.read_sync(lambda b: b.leased_in_pipeline_stage(second, "todo")) == 1
+    database.write_sync(lambda b: b.end_run(got.run_id, "released", "{}", None, NOW))
+    assert database.read_sync(lambda b: b.leased_in_pipeline_stage(second, "todo")) == 0
+    assert database.read_sync(lambda b: b.leased_in_stage("todo")) == 2
+
+
+@covers("Backend.merge_checkpoint", "Backend.task_resume", "Backend.bump_fence")
+def test_merge_checkpoint_folds_every_write_into_the_task(database: Database) -> None:
+    """Moved from tests/postgres/test_merge_patch.py (which still checks PostgreSQL's
+    jsonb_merge_patch against SQLite's json_patch), on every backend."""
+    task_id = one_task(database)
+    patches = [
+        {"step": 1, "files": {"a.py": "done"}},
+        {"files": {"b.py": "wip"}},
+        {"files": {"a.py": None}, "step": 2},
+        {"notes": ["x"]},
+    ]
+    steps = [
+        {"step": 1, "files": {"a.py": "done"}},
+        {"step": 1, "files": {"a.py": "done", "b.py": "wip"}},
+        {"step": 2, "files": {"b.py": "wip"}},
+        {"step": 2, "files": {"b.py": "wip"}, "notes": ["x"]},
+    ]
+    assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 0)
+    for patch, expected in zip(patches, steps, strict=True):
+        merged = database.write_sync(lambda b, p=patch: b.merge_checkpoint(task_id, json.dumps(p)))
+        assert json.loads(merged) == expected
+    fence, checkpoint = database.write_sync(lambda b: b.bump_fence(task_id))
+    assert (json.loads(checkpoint), fence) == (steps[-1], 1)

@@ -1,0 +1,567 @@
+"""Behaviour of the service on every backend: the contract suite's tests that go through
+`Service` and `Tracker` (idempotent replays, keys and their revocation, fences and expiry as the
+service decides them, cancel and requeue, the service's wake-ups). The rest of tests/storage
+exercises the storage port itself; these stay here, on the same backends, until the service's
+own API settles, and touch it through a few helpers at the top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+
+from nulltickets.domain.clock import FixedClock
+from nulltickets.domain.commands import (
+    AppendEvent,
+    CancelTask,
+    Claim,
+    CreateKey,
+    CreatePipeline,
+    CreateTask,
+    FailRun,
+    Heartbeat,
+    MoveTask,
+    PutValue,
+    RequeueTask,
+    RetryPolicy,
+    WriteCheckpoint,
+)
+from nulltickets.domain.model import Access, ClaimResult, CreatedKey
+from nulltickets.domain.tokens import lease_token_hash
+from nulltickets.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    LeaseExpired,
+    LeaseNotFound,
+    LeaseSuperseded,
+    NotFound,
+    RunNotRunning,
+    StorageBusy,
+    TaskCancelled,
+    TaskLeased,
+    TaskVersionMismatch,
+    Unauthorized,
+)
+from nulltickets.service import Idem, Outcome, Recorded, Service, Tracker
+from nulltickets.storage.factory import open_database
+from nulltickets.storage.ports import Database
+from tests.conftest import wait_for
+from tests.server import PIPELINE
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock()
+
+
+@pytest.fixture
+def service(database: Database, clock: FixedClock) -> Service:
+    return Service(database, clock=clock, rand=lambda: 0.5)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+def value(result: Outcome[T] | Recorded) -> T:
+    """The value of a fresh outcome (a test that expects no replay)."""
+    assert isinstance(result, Outcome), result
+    return result.value
+
+
+def record(outcome: Outcome[Any]) -> Recorded:
+    """The answer a caller records: here, like HTTP, a status and the JSON body."""
+    status = {"created": 201, "ok": 200, "empty": 204}[outcome.kind.value]
+    return Recorded(status, msgspec.json.encode(outcome.value))
+
+
+def make_pipeline(service: Service, name: str = "p", definition: Any = None) -> str:
+    raw = msgspec.Raw(msgspec.json.encode(PIPELINE if definition is None else definition))
+    return value(run(service.create_pipeline(CreatePipeline(name, raw))))
+
+
+def tasks(service: Service, pipeline_id: str, n: int) -> list[str]:
+    cmds = [CreateTask(pipeline_id, f"t{i}", "") for i in range(n)]
+    return value(run(service.create_tasks(cmds)))
+
+
+def claim(service: Service, agent: str = "a", ttl: int | None = None) -> ClaimResult:
+    result = value(run(service.claim(Claim(agent, "coder", lease_ttl_ms=ttl))))
+    assert result is not None
+    return result
+
+
+def test_a_run_ends_once_and_a_stale_version_moves_nothing(
+    service: Service, database: Database, clock: FixedClock
+) -> None:
+    pipeline_id = make_pipeline(service)
+    [task_id] = tasks(service, pipeline_id, 1)
+    result = claim(service)
+    token = lease_token_hash(result.lease_token)
+    with pytest.raises(TaskVersionMismatch):
+        run(
+            service.transition(
+                result.run.id, token, lambda: MoveTask("submit", expected_task_version=7)
+            )
+        )
+    moved = value(run(service.transition(result.run.id, token, lambda: MoveTask("submit"))))
+    assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
+    # The same lease again: the run is over.
+    with pytest.raises(LeaseNotFound):
+        run(service.transition(result.run.id, token, lambda: MoveTask("submit")))
+    # The guards are in the statements themselves.
+    now = clock()
+    assert not database.write_sync(lambda b: b.end_run(result.run.id, "failed", "{}", None, now))
+    assert not database.write_sync(lambda b: b.move_task(task_id, "done", 1, now))
+    details = run(service.get_task(task_id))
+    assert (details.stage, details.task_version) == ("review", 2)
+
+
+def test_a_run_that_ended_under_its_lease_cannot_fail_or_count_again(
+    service: Service, database: Database
+) -> None:
+    """fail checks that its end of the run changed the run (a cancel or a reaper may have
+    ended it in between): RunNotRunning, and no failure counted."""
+    pipeline_id = make_pipeline(service)
+    [task_id] = tasks(service, pipeline_id, 1)
+    result = claim(service)
+    lease = database.read_sync(lambda b: b.lease_by_run(result.run.id))
+    assert lease is not None
+    database.write_sync(lambda b: b.end_run(result.run.id, "cancelled", "{}", "x", 1))
+    with pytest.raises(RunNotRunning):
+        database.write_sync(lambda b: service.tracker.fail(b, lease, FailRun("boom"), 2))
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 0
+
+
+def test_fences_rise_with_each_claim_and_refuse_the_previous_holder(
+    service: Service, clock: FixedClock
+) -> None:
+    pipeline_id = make_pipeline(service)
+    [task_id] = tasks(service, pipeline_id, 1)
+    first = claim(service, "first", ttl=1000)
+    assert first.fence == 1
+    first_token = lease_token_hash(first.lease_token)
+    checkpoint = WriteCheckpoint(msgspec.Raw(b'{"step":1}'))
+    value(run(service.checkpoint(first.run.id, first_token, lambda: checkpoint)))
+    clock.advance(1001)
+    second = claim(service, "second")
+    assert (second.task.id, second.fence) == (task_id, 2)
+    assert bytes(second.task.checkpoint) == b'{"step":1}'
+    with pytest.raises(LeaseSuperseded):
+        run(service.heartbeat(first.lease_id, first_token, lambda: Heartbeat(expected_fence=1)))
+    with pytest.raises(LeaseSuperseded):
+        run(
+            service.append_event(
+                first.run.id, first_token, lambda: AppendEvent("late", expected_fence=1)
+            )
+        )
+    second_token = lease_token_hash(second.lease_token)
+    event = AppendEvent("progress", expected_fence=2)
+    assert value(run(service.append_event(second.run.id, second_token, lambda: event))) > 0
+
+
+def one_task(service: Service, **policy: int | str) -> str:
+    pipeline_id = make_pipeline(service)
+    retry = RetryPolicy(**policy) if policy else None  # type: ignore[arg-type]
+    return value(run(service.create_task(CreateTask(pipeline_id, "t", "", retry_policy=retry))))
+
+
+def run_events(database: Database, run_id: str) -> list[str]:
+    return [e.kind for e in database.read_sync(lambda b: b.list_events(run_id, 0, 100))]
+
+
+def test_a_lease_lives_until_its_expiry_and_a_heartbeat_moves_it(
+    service: Service, clock: FixedClock
+) -> None:
+    one_task(service)
+    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=5000))))
+    assert claimed is not None and claimed.expires_at_ms == clock() + 5000
+    token = lease_token_hash(claimed.lease_token)
+    clock.advance(4000)
+    expires = value(run(service.heartbeat(claimed.lease_id, token, Heartbeat)))
+    assert expires == clock() + 5000
+    clock.advance(4999)
+    assert run(service.reap_expired()) == 0
+    clock.advance(1)
+    with pytest.raises(LeaseExpired):
+        run(service.heartbeat(claimed.lease_id, token, Heartbeat))
+    assert run(service.reap_expired()) == 1
+
+
+def test_concurrent_reapers_end_an_expired_run_once_and_count_it_once(
+    service: Service, opened: Callable[[], Database], clock: FixedClock
+) -> None:
+    """Four servers' janitors reap at the same moment: one run ends stale, with one
+    lease_expired event and one retry scheduled; the others find nothing to do."""
+    task_id = one_task(service, retry_delay_ms=60_000)
+    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+    assert claimed is not None
+    clock.advance(1000)
+    reapers = [(db, Tracker(db.notifier, shared=True)) for db in (opened() for _ in range(4))]
+    start = threading.Barrier(len(reapers))
+    reaped: list[int] = []
+    lock = threading.Lock()
+
+    def reap(database: Database, tracker: Tracker) -> None:
+        start.wait()
+        while True:
+            try:
+                n = database.write_sync(lambda b: tracker.reap_expired(b, clock()))
+            except StorageBusy:
+                continue
+            with lock:
+                reaped.append(n)
+            return
+
+    threads = [threading.Thread(target=reap, args=r) for r in reapers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(reaped) == [0, 0, 0, 1]
+    assert run_events(service.db, claimed.run.id) == ["lease_expired", "retry_scheduled"]
+    details = run(service.get_task(task_id))
+    assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "stale"
+    assert details.next_eligible_at_ms == clock() + 60_000
+    assert service.db.read_sync(lambda b: b.failed_attempts(task_id)) == 1
+
+
+def test_a_reaper_whose_run_was_ended_meanwhile_counts_nothing(
+    service: Service, database: Database, clock: FixedClock
+) -> None:
+    """The reaper listed the lease, but the run ended before its end_run (another server's
+    transition, cancel or reaper): no lease_expired event, no failure, no retry."""
+    task_id = one_task(service)
+    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+    assert claimed is not None
+    database.write_sync(lambda b: b.end_run(claimed.run.id, "completed", "{}", None, clock()))
+    clock.advance(1000)
+    assert run(service.reap_expired()) == 0
+    assert run_events(database, claimed.run.id) == []
+    assert database.read_sync(lambda b: b.failed_attempts(task_id)) == 0
+    assert database.read_sync(lambda b: b.lease_by_run(claimed.run.id)) is None
+
+
+def test_expiry_past_max_attempts_dead_letters_the_task(
+    service: Service, clock: FixedClock
+) -> None:
+    task_id = one_task(service, max_attempts=2, dead_letter_stage="dead")
+    for attempt in (1, 2):
+        claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+        assert claimed is not None and claimed.run.attempt == attempt
+        clock.advance(1000)
+        run(service.reap_expired())
+    details = run(service.get_task(task_id))
+    assert (details.stage, details.dead_letter_reason) == ("dead", "max_attempts_exceeded")
+    assert value(run(service.claim(Claim("a", "coder")))) is None
+
+
+def idem(key: str, body: bytes, path: str = "/tasks", auth: bytes | None = None) -> Idem:
+    return Idem(key, "POST", path, hashlib.sha256(body).digest(), auth, record)
+
+
+def answer(result: Outcome[object] | Recorded) -> Recorded:
+    return result if isinstance(result, Recorded) else record(result)
+
+
+def test_a_replay_returns_the_recorded_answer_and_does_nothing_again(service: Service) -> None:
+    pipeline_id = make_pipeline(service)
+    cmd = CreateTask(pipeline_id, "once", "")
+    first = run(service.create_task(cmd, idem("k1", b"body")))
+    assert isinstance(first, Outcome)
+    again = run(service.create_task(cmd, idem("k1", b"body")))
+    assert again == record(first)  # the same status and the same bytes
+    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
+    assert [t.id for t in items] == [first.value]
+    with pytest.raises(IdempotencyConflict):
+        run(service.create_task(cmd, idem("k1", b"another body")))
+
+
+def test_concurrent_replays_of_one_key_create_one_task(
+    service: Service, opened: Callable[[], Database]
+) -> None:
+    """The same request, with the same key, sent to four servers at once."""
+    pipeline_id = make_pipeline(service)
+    services = [Service(opened(), clock=service.clock) for _ in range(4)]
+    start = threading.Barrier(len(services))
+    answers: list[Recorded] = []
+    lock = threading.Lock()
+    cmd = CreateTask(pipeline_id, "once", "")
+
+    def send(s: Service) -> None:
+        start.wait()
+        while True:
+            try:
+                result = asyncio.run(s.create_task(cmd, idem("same-key", b"same body")))
+            except StorageBusy:
+                continue
+            with lock:
+                answers.append(answer(result))
+            return
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in services]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(answers) == 4 and len(set(answers)) == 1
+    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
+    assert len(items) == 1
+    assert answers[0].body == msgspec.json.encode(items[0].id)
+
+
+def test_concurrent_creates_under_one_task_key_make_one_task(
+    service: Service, opened: Callable[[], Database]
+) -> None:
+    """CreateTask.idempotency_key is unique per pipeline in the data: different requests
+    (no Idempotency-Key) naming one task key all get the one task."""
+    pipeline_id = make_pipeline(service)
+    services = [Service(opened(), clock=service.clock) for _ in range(4)]
+    start = threading.Barrier(len(services))
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def send(s: Service, n: int) -> None:
+        cmd = CreateTask(pipeline_id, f"from {n}", "", idempotency_key="plan-1")
+        start.wait()
+        while True:
+            try:
+                task_id = value(asyncio.run(s.create_task(cmd)))
+            except StorageBusy:
+                continue
+            with lock:
+                ids.append(task_id)
+            return
+
+    threads = [threading.Thread(target=send, args=(s, n)) for n, s in enumerate(services)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(ids) == 4 and len(set(ids)) == 1
+    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
+    assert [t.id for t in items] == ids[:1]
+
+
+def test_a_replayed_claim_is_the_same_lease_under_a_fresh_token(service: Service) -> None:
+    make_pipeline(service)
+    pipeline_id = run(service.list_pipelines())[0].id
+    value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
+    key = idem("claim-1", b"claim", path="/leases/claim")
+    first = run(service.claim(Claim("a", "coder"), key))
+    assert isinstance(first, Outcome) and first.value is not None
+    replay = run(service.claim(Claim("a", "coder"), key))
+    assert isinstance(replay, Recorded) and replay.status == 200
+    again = msgspec.json.decode(replay.body)
+    assert again["lease_id"] == first.value.lease_id
+    assert again["run"]["id"] == first.value.run.id
+    assert again["lease_token"] not in ("", first.value.lease_token)
+    # The fresh token is the live one; the first no longer is.
+    assert run(service.check_run_lease(first.value.run.id, lease_token_hash(again["lease_token"])))
+    with pytest.raises(Unauthorized):
+        run(service.check_run_lease(first.value.run.id, lease_token_hash(first.value.lease_token)))
+
+
+def test_a_replay_on_a_lease_route_needs_the_same_lease_token(service: Service) -> None:
+    pipeline_id = make_pipeline(service)
+    value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
+    claimed = value(run(service.claim(Claim("a", "coder"))))
+    assert claimed is not None
+    token = lease_token_hash(claimed.lease_token)
+    from nulltickets.domain.commands import AppendEvent
+
+    path = f"/runs/{claimed.run.id}/events"
+    first = run(
+        service.append_event(
+            claimed.run.id, token, lambda: AppendEvent("x"), idem("e1", b"x", path, token)
+        )
+    )
+    assert isinstance(first, Outcome)
+    with pytest.raises(Unauthorized):
+        run(
+            service.append_event(
+                claimed.run.id, token, lambda: AppendEvent("x"), idem("e1", b"x", path, b"o" * 32)
+            )
+        )
+
+
+def make_key(
+    service: Service, access: Access = Access.AGENT, roles: list[str] | None = None
+) -> CreatedKey:
+    if roles is None and access is Access.AGENT:
+        roles = ["coder"]
+    return run(service.create_key(CreateKey("ci", access, roles)))
+
+
+def test_a_key_is_found_by_its_text_and_listed_without_it(service: Service) -> None:
+    made = make_key(service, roles=["coder", "coder", "reviewer"])
+    assert made.key.startswith("ntk_") and len(made.key) == 47
+    assert made.roles == ["coder", "reviewer"]
+    found = run(service.authenticate(made.key))
+    assert found is not None and (found.id, found.access) == (made.id, Access.AGENT)
+    assert run(service.authenticate(made.key)) == found  # again, from what this process knows
+    assert run(service.authenticate(made.key[:-1] + "x")) is None
+    assert run(service.authenticate("not a key")) is None
+    listed = run(service.list_keys())
+    assert [k.id for k in listed] == [made.id]
+    assert not hasattr(listed[0], "key")
+    assert run(service.key_by_id(made.id)) == found
+
+
+def test_the_database_keeps_the_hash_of_a_key_never_the_key(
+    service: Service, database: Database
+) -> None:
+    made = make_key(service, Access.READ)
+    row = database.read_sync(
+        lambda b: b.api_key_by_hash(hashlib.sha256(made.key.encode()).digest())
+    )
+    assert row is not None and row.id == made.id
+
+
+def test_a_revoked_key_is_refused_at_once(service: Service) -> None:
+    made = make_key(service)
+    assert run(service.authenticate(made.key)) is not None  # known to this process now
+    assert run(service.key_by_id(made.id)) is not None
+    gone = value(run(service.revoke_key(made.id)))
+    assert gone.id == made.id
+    assert run(service.authenticate(made.key)) is None
+    assert run(service.key_by_id(made.id)) is None
+    assert run(service.list_keys()) == []
+    with pytest.raises(NotFound):
+        run(service.revoke_key(made.id))
+
+
+@pytest.mark.parametrize(
+    ("access", "roles", "message"),
+    [
+        (Access.AGENT, None, "needs roles"),
+        (Access.AGENT, [], "needs roles"),
+        (Access.AGENT, [" "], "must not be empty"),
+        (Access.READ, ["coder"], "agent keys only"),
+        (Access.ADMIN, ["coder"], "agent keys only"),
+    ],
+)
+def test_roles_belong_to_agent_keys_and_agent_keys_need_them(
+    service: Service, access: Access, roles: list[str] | None, message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        run(service.create_key(CreateKey("ci", access, roles)))
+    with pytest.raises(InvalidRequest, match="name"):
+        run(service.create_key(CreateKey("  ", Access.READ)))
+
+
+def test_a_key_revoked_through_one_server_is_refused_by_another_at_once(pg_dsn: str) -> None:
+    """Two servers on one PostgreSQL database. The other server may still know the key for as
+    long as the notification takes, but every unit of work it runs for the key confirms it
+    first, in its own transaction."""
+    databases = [open_database(pg_dsn), open_database(pg_dsn)]
+    try:
+        one, two = Service(databases[0]), Service(databases[1])
+        wait_for("both servers to listen", lambda: one.notifier.revocations_heard)
+        wait_for("both servers to listen", lambda: two.notifier.revocations_heard)
+        for _ in range(5):
+            made = make_key(one)
+            assert run(two.authenticate(made.key)) is not None  # the other server knows it
+            with two.speaking_with(made.id):
+                assert run(two.list_keys())  # a read for the key, confirmed
+            value(run(one.revoke_key(made.id)))
+            with two.speaking_with(made.id):
+                with pytest.raises(Unauthorized, match="revoked"):
+                    run(two.list_keys())
+                with pytest.raises(Unauthorized, match="revoked"):
+                    run(two.put_value("ns", "k", PutValue(msgspec.Raw(b"1"))))
+            # ...and its notification makes the other server forget the key.
+            forgotten = functools.partial(_forgotten, two, made.key)
+            wait_for("the revocation to reach the other server", forgotten)
+    finally:
+        for database in databases:
+            database.close()
+
+
+def _forgotten(service: Service, key: str) -> bool:
+    return run(service.authenticate(key)) is None
+
+
+def test_a_key_revoked_meanwhile_is_not_learnt_by_a_lookup_that_raced_it(
+    service: Service,
+) -> None:
+    made = make_key(service)
+    ring = service.keys
+    seen = ring.generation
+    info = run(service.authenticate(made.key))  # read before the revocation...
+    value(run(service.revoke_key(made.id)))
+    ring.learn(hashlib.sha256(made.key.encode()).digest(), info, seen)  # ...kept after it
+    assert run(service.authenticate(made.key)) is None
+
+
+def test_a_new_task_and_a_retry_delay_reach_a_subscriber(
+    service: Service, clock: FixedClock
+) -> None:
+    pipeline_id = make_pipeline(service)
+
+    async def scenario() -> list[tuple[str, int]]:
+        heard: list[tuple[str, int]] = []
+        got = asyncio.Event()
+
+        def hear(role: str, at_ms: int, agent: str | None) -> None:
+            heard.append((role, at_ms))
+            got.set()
+
+        service.notifier.subscribe(hear, asyncio.get_running_loop())
+
+        async def next_one() -> None:
+            await asyncio.wait_for(got.wait(), timeout=10)
+            got.clear()
+
+        with service.notifier.waiting():  # a long-poll is waiting: "work now" has an audience
+            retry = RetryPolicy(retry_delay_ms=30_000)
+            value(await service.create_task(CreateTask(pipeline_id, "t", "", retry_policy=retry)))
+            await next_one()
+            claimed = value(await service.claim(Claim("a", "coder")))
+            assert claimed is not None
+            token = lease_token_hash(claimed.lease_token)
+            heard.clear()
+            value(await service.fail(claimed.run.id, token, lambda: FailRun("boom")))
+            while ("coder", clock() + 30_000) not in heard:
+                await next_one()
+        return heard
+
+    heard = asyncio.run(scenario())
+    assert ("coder", clock() + 30_000) in heard
+    assert all(role == "coder" for role, _ in heard)
+
+
+def test_cancel_revokes_the_live_lease_and_requeue_makes_the_task_claimable(
+    service: Service, clock: FixedClock
+) -> None:
+    pipeline_id = make_pipeline(service)
+    task_id = value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
+    claimed = value(run(service.claim(Claim("a", "coder"))))
+    assert claimed is not None
+    with pytest.raises(TaskLeased):
+        run(service.requeue(task_id, RequeueTask()))
+    details = value(run(service.cancel(task_id, CancelTask(reason="wrong plan"))))
+    assert (details.dead_letter_reason, details.cancel_reason) == ("cancelled", "wrong plan")
+    assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "cancelled"
+    with pytest.raises(TaskCancelled):
+        token = lease_token_hash(claimed.lease_token)
+        run(service.heartbeat(claimed.lease_id, token, Heartbeat))
+    assert value(run(service.claim(Claim("b", "coder")))) is None
+    again = value(run(service.cancel(task_id, CancelTask(reason="twice"))))
+    assert again.cancel_reason == "wrong plan"  # cancelling again changes nothing
+    requeued = value(run(service.requeue(task_id, RequeueTask(reason="fixed"))))
+    assert requeued.dead_letter_reason is None and requeued.cancelled_at_ms is msgspec.UNSET
+    reclaimed = value(run(service.claim(Claim("b", "coder"))))
+    assert reclaimed is not None and reclaimed.task.id == task_id
+    assert reclaimed.run.attempt == 2
+    kinds = [e.kind for e in run(service.list_task_events(task_id, 0, 10))[0]]
+    assert kinds == ["cancelled", "requeued"]
