@@ -897,3 +897,28 @@ def test_fail_rejects_a_body_without_error(client: Client) -> None:
     assert r.status == 400
     assert r.error_code == "invalid_json"
     assert_lease_untouched(client, lease)
+
+
+def test_a_run_is_read_by_its_id_without_its_lease_token(client: Client) -> None:
+    lease, _, _ = claimed(client)
+    task_id = lease.task_id
+    r = client.get(f"/runs/{lease.run_id}")
+    assert r.status == 200, r.body
+    run = r.json
+    assert (run["id"], run["task_id"], run["attempt"], run["status"]) == (
+        lease.run_id,
+        task_id,
+        1,
+        "running",
+    )
+    assert run["agent_id"] == "agent-a" and run["ended_at_ms"] is None
+    assert "lease_token" not in run and "token_hash" not in run
+    assert lease.transition("submit").status == 200
+    done = client.get(f"/runs/{lease.run_id}").json
+    assert done["status"] == "completed" and done["ended_at_ms"] >= done["started_at_ms"]
+
+
+def test_an_unknown_run_is_not_found(client: Client) -> None:
+    r = client.get(f"/runs/{UNKNOWN_RUN}")
+    assert r.status == 404 and r.error_code == "not_found"
+    assert UNKNOWN_RUN in r.json["error"]["message"]

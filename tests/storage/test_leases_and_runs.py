@@ -27,6 +27,7 @@ def one_task(database: Database, **kw: Any) -> str:
     "Backend.lease_by_run",
     "Backend.lease_by_id",
     "Backend.latest_run",
+    "Backend.run_by_id",
     "Backend.run_exists",
     "Backend.run_status",
     "Backend.run_status_of_lease",
@@ -66,6 +67,8 @@ def test_a_claim_starts_a_run_raises_the_fence_and_leases_it(database: Database)
         NOW,
         None,
     )
+    assert database.read_sync(lambda b: b.run_by_id(got.run_id)) == run
+    assert database.read_sync(lambda b: b.run_by_id("nope")) is None
     assert database.read_sync(lambda b: b.run_exists(got.run_id))
     assert not database.read_sync(lambda b: b.run_exists("nope"))
     assert database.read_sync(lambda b: b.run_status(got.run_id)) == "running"

@@ -54,6 +54,7 @@ SAMPLES: dict[str, Call[Any]] = {
     "heartbeat": Calls.heartbeat("l1", "tok"),
     "event": Calls.event("r1", "tok", "progress", {"pct": 1}),
     "list_events": Calls.list_events("r1", limit=10),
+    "get_run": Calls.get_run("r1"),
     "checkpoint": Calls.checkpoint("r1", "tok", {"step": 1}),
     "transition": Calls.transition("r1", "tok", "complete"),
     "fail": Calls.fail("r1", "tok", "boom"),

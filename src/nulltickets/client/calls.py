@@ -38,6 +38,7 @@ from nulltickets.domain.model import (
     QueueReport,
     Released,
     RetryReport,
+    Run,
     SearchHit,
     SpanPage,
     StageReport,
@@ -731,6 +732,11 @@ class Calls:
         return Call(
             "POST", "/v1/traces", _as(TraceIngest), payload, content_type=content_type, keyed=True
         )
+
+    @staticmethod
+    def get_run(run_id: str) -> Call[Run]:
+        """A run by its id: task, attempt, status, agent, times."""
+        return Call("GET", f"/runs/{_seg(run_id)}", _as(Run), repeatable=True)
 
     @staticmethod
     def list_spans(

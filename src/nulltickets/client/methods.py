@@ -30,6 +30,7 @@ from nulltickets.domain.model import (
     QueueReport,
     Released,
     RetryReport,
+    Run,
     SearchHit,
     SpanPage,
     StageReport,
@@ -427,6 +428,10 @@ class SyncMethods:
 
     def ingest_traces(self, payload: bytes, content_type: str = "application/json") -> TraceIngest:
         return self.run(Calls.ingest_traces(payload, content_type))
+
+    def get_run(self, run_id: str) -> Run:
+        """A run by its id: task, attempt, status, agent, times."""
+        return self.run(Calls.get_run(run_id))
 
     def list_spans(
         self, run_id: str, *, limit: int | None = None, cursor: str | None = None
@@ -832,6 +837,10 @@ class AsyncMethods:
         self, payload: bytes, content_type: str = "application/json"
     ) -> TraceIngest:
         return await self.run(Calls.ingest_traces(payload, content_type))
+
+    async def get_run(self, run_id: str) -> Run:
+        """A run by its id: task, attempt, status, agent, times."""
+        return await self.run(Calls.get_run(run_id))
 
     async def list_spans(
         self, run_id: str, *, limit: int | None = None, cursor: str | None = None

@@ -255,6 +255,22 @@ class Leases(TrackerBase):
             raise LeaseExpired()
         return lease
 
+    @verb(
+        "GET",
+        "/runs/{id}",
+        "A run: its task, attempt, status, the agent that claimed it, when it started and "
+        "ended. Any key that reads may ask; the run's lease token is not needed.",
+        response=model.Run,
+        errors=(e.RunNotFound,),
+        extra=True,
+        tag="runs",
+    )
+    def get_run(self, b: Backend, run_id: str) -> Run:
+        run = b.run_by_id(run_id)
+        if run is None:
+            raise e.RunNotFound(f"no run with id {run_id!r}")
+        return run
+
     def check_run_lease(
         self,
         b: Backend,

@@ -298,6 +298,10 @@ class Backend:
         row = self._one("latest_run", {"task_id": task_id})
         return None if row is None else _run(row)
 
+    def run_by_id(self, id: str) -> Run | None:
+        row = self._one("run_by_id", {"id": id})
+        return None if row is None else _run(row)
+
     def task_by_idempotency_key(self, pipeline_id: str, key: str) -> str | None:
         value: str | None = self._value(
             "task_by_idempotency_key", {"pipeline_id": pipeline_id, "idempotency_key": key}

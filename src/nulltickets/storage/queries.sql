@@ -82,6 +82,11 @@ WHERE task_id = :task_id
 ORDER BY attempt DESC
 LIMIT 1;
 
+-- run_by_id --
+SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+FROM runs
+WHERE id = :id;
+
 -- insert_dependency --
 -- A dependency recorded twice (on PostgreSQL, maybe by two servers at once) fails with a unique
 -- violation of the primary key: the backend reports duplicate_dependency.
