@@ -1,8 +1,9 @@
 """Behaviour of the service on every backend: the contract suite's tests that go through
 `Service` and `Tracker` (idempotent replays, keys and their revocation, fences and expiry as the
 service decides them, cancel and requeue, the service's wake-ups). The rest of tests/storage
-exercises the storage port itself; these stay here, on the same backends, until the service's
-own API settles, and touch it through a few helpers at the top.
+exercises the storage port itself; these stay here, on the same backends, and reach the verbs
+through the table (`VERBS`) and `Service.call`, the one unit of work every surface runs, with a
+few helpers at the top.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nulltickets.domain.commands import (
     CreateKey,
     CreatePipeline,
     CreateTask,
+    CreateTasks,
     FailRun,
     Heartbeat,
     MoveTask,
@@ -33,7 +35,14 @@ from nulltickets.domain.commands import (
     RetryPolicy,
     WriteCheckpoint,
 )
-from nulltickets.domain.model import Access, ClaimResult, CreatedKey
+from nulltickets.domain.model import (
+    Access,
+    ClaimResult,
+    CreatedKey,
+    KeyInfo,
+    TaskDetails,
+    TransitionResult,
+)
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import (
     IdempotencyConflict,
@@ -49,7 +58,7 @@ from nulltickets.errors import (
     TaskVersionMismatch,
     Unauthorized,
 )
-from nulltickets.service import Idem, Outcome, Recorded, Service, Tracker
+from nulltickets.service import VERBS, Answer, Idem, Kind, Service, Tracker
 from nulltickets.storage.factory import open_database
 from nulltickets.storage.ports import Database
 from tests.conftest import wait_for
@@ -72,32 +81,81 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-def value(result: Outcome[T] | Recorded) -> T:
-    """The value of a fresh outcome (a test that expects no replay)."""
-    assert isinstance(result, Outcome), result
-    return result.value
+async def acall(
+    service: Service, name: str, *path: str, idem: Idem | None = None, **args: Any
+) -> Answer:
+    """Verb `name` of the table as one unit of work. `cmd` is the request itself, handed
+    over as a body is (the unit takes it when it needs it); a query parameter left out takes
+    what a request without it gets."""
+    verb = VERBS[name]
+    given = {q.arg or q.name: q.parse(None) for q in verb.query}
+    given.update(args)
+    if "cmd" in args:
+        cmd = args["cmd"]
+        given["cmd"] = lambda: cmd
+    return await service.call(verb, path, given, idem)
 
 
-def record(outcome: Outcome[Any]) -> Recorded:
-    """The answer a caller records: here, like HTTP, a status and the JSON body."""
-    status = {"created": 201, "ok": 200, "empty": 204}[outcome.kind.value]
-    return Recorded(status, msgspec.json.encode(outcome.value))
+def answer(
+    service: Service, name: str, *path: str, idem: Idem | None = None, **args: Any
+) -> Answer:
+    """What verb `name` answered: what it did and the bytes the HTTP API sends."""
+    return run(acall(service, name, *path, idem=idem, **args))
+
+
+def value(got: Answer, type: Any = Any) -> Any:
+    """An answer's body, decoded (into `type` when given); None when it has none."""
+    return msgspec.json.decode(got.body, type=type) if got.body else None
+
+
+def call(
+    service: Service,
+    name: str,
+    *path: str,
+    idem: Idem | None = None,
+    type: Any = Any,
+    **args: Any,
+) -> Any:
+    """Verb `name`'s body, decoded (into `type` when given)."""
+    return value(answer(service, name, *path, idem=idem, **args), type)
+
+
+def claimed_by(service: Service, cmd: Claim, key: Idem | None = None) -> ClaimResult | None:
+    """One attempt to claim: the lease, or None (nothing to claim: an empty answer)."""
+    got = run(service.claim(cmd, key))
+    result: ClaimResult | None = value(got, ClaimResult)
+    assert (got.kind is Kind.EMPTY) == (result is None), got
+    return result
 
 
 def make_pipeline(service: Service, name: str = "p", definition: Any = None) -> str:
     raw = msgspec.Raw(msgspec.json.encode(PIPELINE if definition is None else definition))
-    return value(run(service.create_pipeline(CreatePipeline(name, raw))))
+    made: str = call(service, "create_pipeline", cmd=CreatePipeline(name, raw))["id"]
+    return made
 
 
 def tasks(service: Service, pipeline_id: str, n: int) -> list[str]:
     cmds = [CreateTask(pipeline_id, f"t{i}", "") for i in range(n)]
-    return value(run(service.create_tasks(cmds)))
+    made: list[str] = call(service, "create_tasks", cmd=CreateTasks(cmds))["ids"]
+    return made
 
 
 def claim(service: Service, agent: str = "a", ttl: int | None = None) -> ClaimResult:
-    result = value(run(service.claim(Claim(agent, "coder", lease_ttl_ms=ttl))))
+    result = claimed_by(service, Claim(agent, "coder", lease_ttl_ms=ttl))
     assert result is not None
     return result
+
+
+def get_task(service: Service, task_id: str) -> TaskDetails:
+    details: TaskDetails = call(service, "get_task", task_id, type=TaskDetails)
+    return details
+
+
+def list_tasks(service: Service, pipeline_id: str) -> list[dict[str, Any]]:
+    page = call(service, "list_tasks", pipeline_id=pipeline_id, limit=10)
+    assert page["next_cursor"] is None
+    items: list[dict[str, Any]] = page["items"]
+    return items
 
 
 def test_a_run_ends_once_and_a_stale_version_moves_nothing(
@@ -107,22 +165,27 @@ def test_a_run_ends_once_and_a_stale_version_moves_nothing(
     [task_id] = tasks(service, pipeline_id, 1)
     result = claim(service)
     token = lease_token_hash(result.lease_token)
+    run_id = result.run.id
     with pytest.raises(TaskVersionMismatch):
-        run(
-            service.transition(
-                result.run.id, token, lambda: MoveTask("submit", expected_task_version=7)
-            )
-        )
-    moved = value(run(service.transition(result.run.id, token, lambda: MoveTask("submit"))))
+        stale = MoveTask("submit", expected_task_version=7)
+        answer(service, "transition", run_id, token_hash=token, cmd=stale)
+    moved = call(
+        service,
+        "transition",
+        run_id,
+        token_hash=token,
+        cmd=MoveTask("submit"),
+        type=TransitionResult,
+    )
     assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
     # The same lease again: the run is over.
     with pytest.raises(LeaseNotFound):
-        run(service.transition(result.run.id, token, lambda: MoveTask("submit")))
+        answer(service, "transition", run_id, token_hash=token, cmd=MoveTask("submit"))
     # The guards are in the statements themselves.
     now = clock()
     assert not database.write_sync(lambda b: b.end_run(result.run.id, "failed", "{}", None, now))
     assert not database.write_sync(lambda b: b.move_task(task_id, "done", 1, now))
-    details = run(service.get_task(task_id))
+    details = get_task(service, task_id)
     assert (details.stage, details.task_version) == ("review", 2)
 
 
@@ -151,28 +214,30 @@ def test_fences_rise_with_each_claim_and_refuse_the_previous_holder(
     assert first.fence == 1
     first_token = lease_token_hash(first.lease_token)
     checkpoint = WriteCheckpoint(msgspec.Raw(b'{"step":1}'))
-    value(run(service.checkpoint(first.run.id, first_token, lambda: checkpoint)))
+    call(service, "write_checkpoint", first.run.id, token_hash=first_token, cmd=checkpoint)
     clock.advance(1001)
     second = claim(service, "second")
     assert (second.task.id, second.fence) == (task_id, 2)
     assert bytes(second.task.checkpoint) == b'{"step":1}'
     with pytest.raises(LeaseSuperseded):
-        run(service.heartbeat(first.lease_id, first_token, lambda: Heartbeat(expected_fence=1)))
+        late = Heartbeat(expected_fence=1)
+        answer(service, "heartbeat", first.lease_id, token_hash=first_token, cmd=late)
     with pytest.raises(LeaseSuperseded):
-        run(
-            service.append_event(
-                first.run.id, first_token, lambda: AppendEvent("late", expected_fence=1)
-            )
-        )
+        event = AppendEvent("late", expected_fence=1)
+        answer(service, "append_event", first.run.id, token_hash=first_token, cmd=event)
     second_token = lease_token_hash(second.lease_token)
     event = AppendEvent("progress", expected_fence=2)
-    assert value(run(service.append_event(second.run.id, second_token, lambda: event))) > 0
+    got = call(service, "append_event", second.run.id, token_hash=second_token, cmd=event)
+    assert got["id"] > 0
 
 
 def one_task(service: Service, **policy: int | str) -> str:
     pipeline_id = make_pipeline(service)
     retry = RetryPolicy(**policy) if policy else None  # type: ignore[arg-type]
-    return value(run(service.create_task(CreateTask(pipeline_id, "t", "", retry_policy=retry))))
+    made: str = call(
+        service, "create_task", cmd=CreateTask(pipeline_id, "t", "", retry_policy=retry)
+    )["id"]
+    return made
 
 
 def run_events(database: Database, run_id: str) -> list[str]:
@@ -183,17 +248,17 @@ def test_a_lease_lives_until_its_expiry_and_a_heartbeat_moves_it(
     service: Service, clock: FixedClock
 ) -> None:
     one_task(service)
-    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=5000))))
+    claimed = claimed_by(service, Claim("a", "coder", lease_ttl_ms=5000))
     assert claimed is not None and claimed.expires_at_ms == clock() + 5000
     token = lease_token_hash(claimed.lease_token)
     clock.advance(4000)
-    expires = value(run(service.heartbeat(claimed.lease_id, token, Heartbeat)))
-    assert expires == clock() + 5000
+    got = call(service, "heartbeat", claimed.lease_id, token_hash=token, cmd=Heartbeat())
+    assert got["expires_at_ms"] == clock() + 5000
     clock.advance(4999)
     assert run(service.reap_expired()) == 0
     clock.advance(1)
     with pytest.raises(LeaseExpired):
-        run(service.heartbeat(claimed.lease_id, token, Heartbeat))
+        answer(service, "heartbeat", claimed.lease_id, token_hash=token, cmd=Heartbeat())
     assert run(service.reap_expired()) == 1
 
 
@@ -203,7 +268,7 @@ def test_concurrent_reapers_end_an_expired_run_once_and_count_it_once(
     """Four servers' janitors reap at the same moment: one run ends stale, with one
     lease_expired event and one retry scheduled; the others find nothing to do."""
     task_id = one_task(service, retry_delay_ms=60_000)
-    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+    claimed = claimed_by(service, Claim("a", "coder", lease_ttl_ms=1000))
     assert claimed is not None
     clock.advance(1000)
     reapers = [(db, Tracker(db.notifier, shared=True)) for db in (opened() for _ in range(4))]
@@ -229,7 +294,7 @@ def test_concurrent_reapers_end_an_expired_run_once_and_count_it_once(
         t.join(timeout=60)
     assert sorted(reaped) == [0, 0, 0, 1]
     assert run_events(service.db, claimed.run.id) == ["lease_expired", "retry_scheduled"]
-    details = run(service.get_task(task_id))
+    details = get_task(service, task_id)
     assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "stale"
     assert details.next_eligible_at_ms == clock() + 60_000
     assert service.db.read_sync(lambda b: b.failed_attempts(task_id)) == 1
@@ -241,7 +306,7 @@ def test_a_reaper_whose_run_was_ended_meanwhile_counts_nothing(
     """The reaper listed the lease, but the run ended before its end_run (another server's
     transition, cancel or reaper): no lease_expired event, no failure, no retry."""
     task_id = one_task(service)
-    claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+    claimed = claimed_by(service, Claim("a", "coder", lease_ttl_ms=1000))
     assert claimed is not None
     database.write_sync(lambda b: b.end_run(claimed.run.id, "completed", "{}", None, clock()))
     clock.advance(1000)
@@ -256,34 +321,29 @@ def test_expiry_past_max_attempts_dead_letters_the_task(
 ) -> None:
     task_id = one_task(service, max_attempts=2, dead_letter_stage="dead")
     for attempt in (1, 2):
-        claimed = value(run(service.claim(Claim("a", "coder", lease_ttl_ms=1000))))
+        claimed = claimed_by(service, Claim("a", "coder", lease_ttl_ms=1000))
         assert claimed is not None and claimed.run.attempt == attempt
         clock.advance(1000)
         run(service.reap_expired())
-    details = run(service.get_task(task_id))
+    details = get_task(service, task_id)
     assert (details.stage, details.dead_letter_reason) == ("dead", "max_attempts_exceeded")
-    assert value(run(service.claim(Claim("a", "coder")))) is None
+    assert claimed_by(service, Claim("a", "coder")) is None
 
 
 def idem(key: str, body: bytes, path: str = "/tasks", auth: bytes | None = None) -> Idem:
-    return Idem(key, "POST", path, hashlib.sha256(body).digest(), auth, record)
-
-
-def answer(result: Outcome[object] | Recorded) -> Recorded:
-    return result if isinstance(result, Recorded) else record(result)
+    return Idem(key, "POST", path, hashlib.sha256(body).digest(), auth)
 
 
 def test_a_replay_returns_the_recorded_answer_and_does_nothing_again(service: Service) -> None:
     pipeline_id = make_pipeline(service)
     cmd = CreateTask(pipeline_id, "once", "")
-    first = run(service.create_task(cmd, idem("k1", b"body")))
-    assert isinstance(first, Outcome)
-    again = run(service.create_task(cmd, idem("k1", b"body")))
-    assert again == record(first)  # the same status and the same bytes
-    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
-    assert [t.id for t in items] == [first.value]
+    first = answer(service, "create_task", cmd=cmd, idem=idem("k1", b"body"))
+    assert first.kind is Kind.CREATED
+    again = answer(service, "create_task", cmd=cmd, idem=idem("k1", b"body"))
+    assert again == first  # the same status and the same bytes
+    assert [t["id"] for t in list_tasks(service, pipeline_id)] == [value(first)["id"]]
     with pytest.raises(IdempotencyConflict):
-        run(service.create_task(cmd, idem("k1", b"another body")))
+        answer(service, "create_task", cmd=cmd, idem=idem("k1", b"another body"))
 
 
 def test_concurrent_replays_of_one_key_create_one_task(
@@ -293,7 +353,7 @@ def test_concurrent_replays_of_one_key_create_one_task(
     pipeline_id = make_pipeline(service)
     services = [Service(opened(), clock=service.clock) for _ in range(4)]
     start = threading.Barrier(len(services))
-    answers: list[Recorded] = []
+    answers: list[Answer] = []
     lock = threading.Lock()
     cmd = CreateTask(pipeline_id, "once", "")
 
@@ -301,11 +361,11 @@ def test_concurrent_replays_of_one_key_create_one_task(
         start.wait()
         while True:
             try:
-                result = asyncio.run(s.create_task(cmd, idem("same-key", b"same body")))
+                got = answer(s, "create_task", cmd=cmd, idem=idem("same-key", b"same body"))
             except StorageBusy:
                 continue
             with lock:
-                answers.append(answer(result))
+                answers.append(got)
             return
 
     threads = [threading.Thread(target=send, args=(s,)) for s in services]
@@ -314,9 +374,9 @@ def test_concurrent_replays_of_one_key_create_one_task(
     for t in threads:
         t.join(timeout=60)
     assert len(answers) == 4 and len(set(answers)) == 1
-    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
+    items = list_tasks(service, pipeline_id)
     assert len(items) == 1
-    assert answers[0].body == msgspec.json.encode(items[0].id)
+    assert answers[0].body == msgspec.json.encode({"id": items[0]["id"]})
 
 
 def test_concurrent_creates_under_one_task_key_make_one_task(
@@ -335,7 +395,7 @@ def test_concurrent_creates_under_one_task_key_make_one_task(
         start.wait()
         while True:
             try:
-                task_id = value(asyncio.run(s.create_task(cmd)))
+                task_id = call(s, "create_task", cmd=cmd)["id"]
             except StorageBusy:
                 continue
             with lock:
@@ -348,49 +408,53 @@ def test_concurrent_creates_under_one_task_key_make_one_task(
     for t in threads:
         t.join(timeout=60)
     assert len(ids) == 4 and len(set(ids)) == 1
-    items, _ = run(service.list_tasks(stage=None, pipeline_id=pipeline_id, after=None, limit=10))
-    assert [t.id for t in items] == ids[:1]
+    assert [t["id"] for t in list_tasks(service, pipeline_id)] == ids[:1]
 
 
 def test_a_replayed_claim_is_the_same_lease_under_a_fresh_token(service: Service) -> None:
     make_pipeline(service)
-    pipeline_id = run(service.list_pipelines())[0].id
-    value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
+    pipeline_id = call(service, "list_pipelines")[0]["id"]
+    call(service, "create_task", cmd=CreateTask(pipeline_id, "t", ""))
     key = idem("claim-1", b"claim", path="/leases/claim")
-    first = run(service.claim(Claim("a", "coder"), key))
-    assert isinstance(first, Outcome) and first.value is not None
+    first = claimed_by(service, Claim("a", "coder"), key)
+    assert first is not None
     replay = run(service.claim(Claim("a", "coder"), key))
-    assert isinstance(replay, Recorded) and replay.status == 200
+    assert replay.kind is Kind.OK
     again = msgspec.json.decode(replay.body)
-    assert again["lease_id"] == first.value.lease_id
-    assert again["run"]["id"] == first.value.run.id
-    assert again["lease_token"] not in ("", first.value.lease_token)
+    assert again["lease_id"] == first.lease_id
+    assert again["run"]["id"] == first.run.id
+    assert again["lease_token"] not in ("", first.lease_token)
     # The fresh token is the live one; the first no longer is.
-    assert run(service.check_run_lease(first.value.run.id, lease_token_hash(again["lease_token"])))
+    assert run(service.check_run_lease(first.run.id, lease_token_hash(again["lease_token"])))
     with pytest.raises(Unauthorized):
-        run(service.check_run_lease(first.value.run.id, lease_token_hash(first.value.lease_token)))
+        run(service.check_run_lease(first.run.id, lease_token_hash(first.lease_token)))
 
 
 def test_a_replay_on_a_lease_route_needs_the_same_lease_token(service: Service) -> None:
     pipeline_id = make_pipeline(service)
-    value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
-    claimed = value(run(service.claim(Claim("a", "coder"))))
+    call(service, "create_task", cmd=CreateTask(pipeline_id, "t", ""))
+    claimed = claimed_by(service, Claim("a", "coder"))
     assert claimed is not None
     token = lease_token_hash(claimed.lease_token)
-    from nulltickets.domain.commands import AppendEvent
-
-    path = f"/runs/{claimed.run.id}/events"
-    first = run(
-        service.append_event(
-            claimed.run.id, token, lambda: AppendEvent("x"), idem("e1", b"x", path, token)
-        )
+    run_id = claimed.run.id
+    path = f"/runs/{run_id}/events"
+    first = answer(
+        service,
+        "append_event",
+        run_id,
+        token_hash=token,
+        cmd=AppendEvent("x"),
+        idem=idem("e1", b"x", path, token),
     )
-    assert isinstance(first, Outcome)
+    assert first.kind is Kind.CREATED
     with pytest.raises(Unauthorized):
-        run(
-            service.append_event(
-                claimed.run.id, token, lambda: AppendEvent("x"), idem("e1", b"x", path, b"o" * 32)
-            )
+        answer(
+            service,
+            "append_event",
+            run_id,
+            token_hash=token,
+            cmd=AppendEvent("x"),
+            idem=idem("e1", b"x", path, b"o" * 32),
         )
 
 
@@ -399,7 +463,15 @@ def make_key(
 ) -> CreatedKey:
     if roles is None and access is Access.AGENT:
         roles = ["coder"]
-    return run(service.create_key(CreateKey("ci", access, roles)))
+    made: CreatedKey = call(
+        service, "create_key", cmd=CreateKey("ci", access, roles), type=CreatedKey
+    )
+    return made
+
+
+def revoke(service: Service, key_id: str) -> KeyInfo:
+    gone: KeyInfo = value(run(service.revoke_key(key_id)), KeyInfo)
+    return gone
 
 
 def test_a_key_is_found_by_its_text_and_listed_without_it(service: Service) -> None:
@@ -411,9 +483,9 @@ def test_a_key_is_found_by_its_text_and_listed_without_it(service: Service) -> N
     assert run(service.authenticate(made.key)) == found  # again, from what this process knows
     assert run(service.authenticate(made.key[:-1] + "x")) is None
     assert run(service.authenticate("not a key")) is None
-    listed = run(service.list_keys())
-    assert [k.id for k in listed] == [made.id]
-    assert not hasattr(listed[0], "key")
+    listed = call(service, "list_keys")
+    assert [k["id"] for k in listed] == [made.id]
+    assert "key" not in listed[0]
     assert run(service.key_by_id(made.id)) == found
 
 
@@ -431,11 +503,11 @@ def test_a_revoked_key_is_refused_at_once(service: Service) -> None:
     made = make_key(service)
     assert run(service.authenticate(made.key)) is not None  # known to this process now
     assert run(service.key_by_id(made.id)) is not None
-    gone = value(run(service.revoke_key(made.id)))
+    gone = revoke(service, made.id)
     assert gone.id == made.id
     assert run(service.authenticate(made.key)) is None
     assert run(service.key_by_id(made.id)) is None
-    assert run(service.list_keys()) == []
+    assert call(service, "list_keys") == []
     with pytest.raises(NotFound):
         run(service.revoke_key(made.id))
 
@@ -454,9 +526,9 @@ def test_roles_belong_to_agent_keys_and_agent_keys_need_them(
     service: Service, access: Access, roles: list[str] | None, message: str
 ) -> None:
     with pytest.raises(InvalidRequest, match=message):
-        run(service.create_key(CreateKey("ci", access, roles)))
+        answer(service, "create_key", cmd=CreateKey("ci", access, roles))
     with pytest.raises(InvalidRequest, match="name"):
-        run(service.create_key(CreateKey("  ", Access.READ)))
+        answer(service, "create_key", cmd=CreateKey("  ", Access.READ))
 
 
 def test_a_key_revoked_through_one_server_is_refused_by_another_at_once(pg_dsn: str) -> None:
@@ -472,13 +544,13 @@ def test_a_key_revoked_through_one_server_is_refused_by_another_at_once(pg_dsn: 
             made = make_key(one)
             assert run(two.authenticate(made.key)) is not None  # the other server knows it
             with two.speaking_with(made.id):
-                assert run(two.list_keys())  # a read for the key, confirmed
-            value(run(one.revoke_key(made.id)))
+                assert call(two, "list_keys")  # a read for the key, confirmed
+            revoke(one, made.id)
             with two.speaking_with(made.id):
                 with pytest.raises(Unauthorized, match="revoked"):
-                    run(two.list_keys())
+                    answer(two, "list_keys")
                 with pytest.raises(Unauthorized, match="revoked"):
-                    run(two.put_value("ns", "k", PutValue(msgspec.Raw(b"1"))))
+                    answer(two, "put_value", "ns", "k", cmd=PutValue(msgspec.Raw(b"1")))
             # ...and its notification makes the other server forget the key.
             forgotten = functools.partial(_forgotten, two, made.key)
             wait_for("the revocation to reach the other server", forgotten)
@@ -498,7 +570,7 @@ def test_a_key_revoked_meanwhile_is_not_learnt_by_a_lookup_that_raced_it(
     ring = service.keys
     seen = ring.generation
     info = run(service.authenticate(made.key))  # read before the revocation...
-    value(run(service.revoke_key(made.id)))
+    revoke(service, made.id)
     ring.learn(hashlib.sha256(made.key.encode()).digest(), info, seen)  # ...kept after it
     assert run(service.authenticate(made.key)) is None
 
@@ -524,13 +596,17 @@ def test_a_new_task_and_a_retry_delay_reach_a_subscriber(
 
         with service.notifier.waiting():  # a long-poll is waiting: "work now" has an audience
             retry = RetryPolicy(retry_delay_ms=30_000)
-            value(await service.create_task(CreateTask(pipeline_id, "t", "", retry_policy=retry)))
+            cmd = CreateTask(pipeline_id, "t", "", retry_policy=retry)
+            assert (await acall(service, "create_task", cmd=cmd)).kind is Kind.CREATED
             await next_one()
-            claimed = value(await service.claim(Claim("a", "coder")))
+            claimed = value(await service.claim(Claim("a", "coder")), ClaimResult)
             assert claimed is not None
             token = lease_token_hash(claimed.lease_token)
             heard.clear()
-            value(await service.fail(claimed.run.id, token, lambda: FailRun("boom")))
+            failed = await acall(
+                service, "fail", claimed.run.id, token_hash=token, cmd=FailRun("boom")
+            )
+            assert failed.kind is Kind.OK
             while ("coder", clock() + 30_000) not in heard:
                 await next_one()
         return heard
@@ -544,24 +620,28 @@ def test_cancel_revokes_the_live_lease_and_requeue_makes_the_task_claimable(
     service: Service, clock: FixedClock
 ) -> None:
     pipeline_id = make_pipeline(service)
-    task_id = value(run(service.create_task(CreateTask(pipeline_id, "t", ""))))
-    claimed = value(run(service.claim(Claim("a", "coder"))))
+    task_id = call(service, "create_task", cmd=CreateTask(pipeline_id, "t", ""))["id"]
+    claimed = claimed_by(service, Claim("a", "coder"))
     assert claimed is not None
     with pytest.raises(TaskLeased):
-        run(service.requeue(task_id, RequeueTask()))
-    details = value(run(service.cancel(task_id, CancelTask(reason="wrong plan"))))
+        answer(service, "requeue_task", task_id, cmd=RequeueTask())
+    details = call(
+        service, "cancel_task", task_id, cmd=CancelTask(reason="wrong plan"), type=TaskDetails
+    )
     assert (details.dead_letter_reason, details.cancel_reason) == ("cancelled", "wrong plan")
     assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "cancelled"
     with pytest.raises(TaskCancelled):
         token = lease_token_hash(claimed.lease_token)
-        run(service.heartbeat(claimed.lease_id, token, Heartbeat))
-    assert value(run(service.claim(Claim("b", "coder")))) is None
-    again = value(run(service.cancel(task_id, CancelTask(reason="twice"))))
+        answer(service, "heartbeat", claimed.lease_id, token_hash=token, cmd=Heartbeat())
+    assert claimed_by(service, Claim("b", "coder")) is None
+    again = call(service, "cancel_task", task_id, cmd=CancelTask(reason="twice"), type=TaskDetails)
     assert again.cancel_reason == "wrong plan"  # cancelling again changes nothing
-    requeued = value(run(service.requeue(task_id, RequeueTask(reason="fixed"))))
+    requeued = call(
+        service, "requeue_task", task_id, cmd=RequeueTask(reason="fixed"), type=TaskDetails
+    )
     assert requeued.dead_letter_reason is None and requeued.cancelled_at_ms is msgspec.UNSET
-    reclaimed = value(run(service.claim(Claim("b", "coder"))))
+    reclaimed = claimed_by(service, Claim("b", "coder"))
     assert reclaimed is not None and reclaimed.task.id == task_id
     assert reclaimed.run.attempt == 2
-    kinds = [e.kind for e in run(service.list_task_events(task_id, 0, 10))[0]]
-    assert kinds == ["cancelled", "requeued"]
+    events = call(service, "list_task_events", task_id, after=0, limit=10)["items"]
+    assert [e["kind"] for e in events] == ["cancelled", "requeued"]
