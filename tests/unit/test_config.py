@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nulltickets import __version__, cli, core
+from nulltickets.cli.manifest import manifest
 from nulltickets.config import (
     ConfigError,
     Flags,
@@ -20,7 +21,6 @@ from nulltickets.config import (
     read_config,
     write_wizard_config,
 )
-from nulltickets.manifest import manifest
 
 
 def write(path: Path, doc: Any) -> Path:

@@ -10,9 +10,9 @@ from nulltickets.http.wakeups import Wakeups
 from nulltickets.service import Service
 
 if TYPE_CHECKING:
-    from nulltickets.heap import Collector
     from nulltickets.http.metrics import Metrics
     from nulltickets.http.sse import StreamHub
+    from nulltickets.server.heap import Collector
 
 
 @dataclass

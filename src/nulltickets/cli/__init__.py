@@ -1,9 +1,9 @@
 """The `nulltickets` command: parse the command line, then hand over. No logic of its own.
 
     nulltickets [serve|gateway|nulltickets] [flags]     run the server (contract §16.1)
-    nulltickets worker | checkpoint | event | pause     the agent side (agent_cli.py)
-    nulltickets tasks ... | runs tail                   against a running server (admin_cli.py)
-    nulltickets backup | doctor                         on the database file (db_cli.py)
+    nulltickets worker | checkpoint | event | pause     the agent side (cli/agent.py)
+    nulltickets tasks ... | runs tail                   against a running server (cli/admin.py)
+    nulltickets backup | doctor                         on the database file (cli/db.py)
     nulltickets --export-manifest                       print nullhub's manifest (§16.4)
     nulltickets --from-json '<json>'                    write config.json from wizard answers
 
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from nulltickets import admin_cli, agent_cli, db_cli, migrate_cli
+from nulltickets.cli import admin, agent, db, migrate
 from nulltickets.config import (
     DURABILITIES,
     ENV_ACCESS_LOG,
@@ -110,16 +110,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(serve)
     serve.set_defaults(func=serve_command)
-    agent_cli.register(commands)
-    admin_cli.register(commands)
-    db_cli.register(commands)
-    migrate = commands.add_parser(
+    agent.register(commands)
+    admin.register(commands)
+    db.register(commands)
+    migrate_parser = commands.add_parser(
         "migrate",
         help="copy a SQLite tracker into PostgreSQL and verify the counts",
-        description=migrate_cli.DESCRIPTION,
+        description=migrate.DESCRIPTION,
     )
-    migrate_cli.add_arguments(migrate)
-    migrate.set_defaults(func=migrate_cli.main_from_args)
+    migrate.add_arguments(migrate_parser)
+    migrate_parser.set_defaults(func=migrate.main_from_args)
     return p
 
 
@@ -251,7 +251,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def serve_command(args: argparse.Namespace) -> int:
     from nulltickets import logs
-    from nulltickets.launch import check_settings, preflight, serve, version_line
+    from nulltickets.server.launch import check_settings, preflight, serve, version_line
 
     if args.version:
         print(version_line())
@@ -281,7 +281,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def export_manifest() -> int:
-    from nulltickets.manifest import manifest
+    from nulltickets.cli.manifest import manifest
 
     print(json.dumps(manifest(), indent=2))
     return 0
@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(normalise(args_in))  # usage errors exit 2 with the usage
     if args.command is None:
         if args.version:
-            from nulltickets.launch import version_line
+            from nulltickets.server.launch import version_line
 
             print(version_line())
             return 0
