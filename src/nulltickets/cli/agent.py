@@ -10,7 +10,8 @@
 `checkpoint` and `event` read the run from the variables the worker sets (NULLTICKETS_RUN_ID,
 NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE);
 `transition` and `fail` write to the worker through the run's private directory
-(NULLTICKETS_RUN_DIR, worker/channel.py): the worker acts on the choice once the command has exited.
+(NULLTICKETS_RUN_DIR, worker/channel.py): the worker acts on the choice once the command has
+exited.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ all `nulltickets checkpoint` and `nulltickets event` need.
 While the command runs, the worker heartbeats its lease. The command chooses its outcome on
 purpose, never by what it prints (stdout and stderr are logs): `nulltickets transition TRIGGER`
 or `nulltickets fail REASON`, run from inside it, record a choice in the run's directory
-(worker/channel.py), acted on once the command has exited. Exit status 0 moves the task along the
-chosen transition, else `--trigger`, else the stage's only transition; `nulltickets fail` fails
+(worker/channel.py), acted on once the command has exited. Exit status 0 moves the task along
+the chosen transition, else `--trigger`, else the stage's only transition; `nulltickets fail` fails
 the attempt with its reason whatever the status; any other exit fails the attempt with the
 tail of stderr, so the retry policy decides what happens next.
 
