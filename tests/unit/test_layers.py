@@ -220,3 +220,17 @@ def test_the_postgres_storage_imports_nothing_of_sqlite() -> None:
 def test_the_layer_tests_see_the_postgres_storage() -> None:
     assert SRC / "storage" / "postgres" / "migrate.py" in modules(SRC / "storage" / "postgres")
     assert len(ABOVE_STORAGE) > 10
+
+
+# The top level holds only what every part shares; the rest lives in the package of its part
+# (cli/, worker/, server/, http/, service/, ...). The clients' modules are there until they
+# form their own package.
+SHARED = {"__init__.py", "__main__.py", "config.py", "errors.py", "logs.py", "lifetime.py"}
+CLIENT_MODULES = {"client.py", "aclient.py", "remote.py"}
+
+
+def test_the_top_level_keeps_only_what_every_part_shares() -> None:
+    top = {p.name for p in SRC.glob("*.py")}
+    assert top - CLIENT_MODULES <= SHARED, sorted(top - CLIENT_MODULES - SHARED)
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert {"cli", "worker", "server", "http", "service", "storage"} <= packages
