@@ -1,6 +1,6 @@
 """The `nulltickets` command: parse the command line, then hand over. No logic of its own.
 
-    nulltickets [serve|gateway|nulltickets] [flags]     run the server (contract §16.1)
+    nulltickets [serve|gateway|nulltickets] [flags]     run the server (cli/serve.py, §16.1)
     nulltickets worker | checkpoint | event | pause     the agent side (cli/agent.py)
     nulltickets tasks ... | runs tail                   against a running server (cli/admin.py)
     nulltickets backup | doctor                         on the database file (cli/db.py)
@@ -21,56 +21,23 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from nulltickets.cli import admin, agent, db, migrate
-from nulltickets.config import (
-    DURABILITIES,
-    ENV_ACCESS_LOG,
-    ENV_ALLOWED_HOSTS,
-    ENV_ALLOWED_ORIGINS,
-    ENV_DB,
-    ENV_DURABILITY,
-    ENV_HOST,
-    ENV_LOG_FORMAT,
-    ENV_LOG_LEVEL,
-    ENV_MAX_BODY,
-    ENV_MAX_STREAMS,
-    ENV_MAX_WAITERS,
-    ENV_PORT,
-    ENV_READ_TIMEOUT,
-    ENV_TOKEN,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    ConfigError,
-    Flags,
-    Settings,
-    build_settings,
-    parse_choice,
-    parse_count,
-    parse_hosts,
-    parse_origins,
-    parse_port,
-    parse_seconds,
-    parse_size,
-    source_of,
-    write_wizard_config,
-)
+from nulltickets.cli import admin, agent, db, migrate, serve
+from nulltickets.config import ENV_DB, ConfigError, write_wizard_config
 from nulltickets.errors import TrackerError
 from nulltickets.remote import CommandFailed
 
-# Words that mean "run the server" (nullhub launches `<bin> serve`, or `<bin> nulltickets` for
-# installs made from the original manifest).
-SERVE_WORDS = ("serve", "gateway", "nulltickets")
 # What may come first without a command word (anything else starting with "-" is serve's).
 TOP_LEVEL = ("-h", "--help", "--version", "--export-manifest", "--from-json")
 
-EPILOG = """Without a command (or with serve, gateway or nulltickets) the server starts.
+EPILOG = (
+    """Without a command (or with serve, gateway or nulltickets) the server starts.
 `nulltickets COMMAND --help` describes each command.
 
 --export-manifest and --from-json count only as the first argument.
 
-configuration: flags win over the config file (--config PATH, else
-$NULLTICKETS_HOME/config.json, else ~/.nulltickets/config.json), which wins over the
-environment variables (NULLTICKETS_PORT, NULLTICKETS_DB, ...) and the defaults."""
+"""
+    + serve.CONFIGURATION
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,26 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         help="write <home>/config.json from nullhub's wizard answers and exit",
     )
     commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Subparser)
-    serve = commands.add_parser(
-        "serve",
-        aliases=["gateway", "nulltickets"],
-        help="run the server (the default; gateway and nulltickets are the same)",
-        description="Run the server until SIGINT or SIGTERM.",
-        epilog=EPILOG.split("\n\n")[-1],
-        allow_abbrev=False,
-    )
-    add_serve_arguments(serve)
-    serve.set_defaults(func=serve_command)
+    serve.register(commands)
     agent.register(commands)
     admin.register(commands)
     db.register(commands)
-    migrate_parser = commands.add_parser(
-        "migrate",
-        help="copy a SQLite tracker into PostgreSQL and verify the counts",
-        description=migrate.DESCRIPTION,
-    )
-    migrate.add_arguments(migrate_parser)
-    migrate_parser.set_defaults(func=migrate.main_from_args)
+    migrate.register(commands)
     return p
 
 
@@ -129,155 +81,6 @@ class _Subparser(_Parser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-
-
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    def opt(flag: str, env: str, help_text: str, metavar: str | None = None) -> None:
-        p.add_argument(flag, default=None, metavar=metavar, help=f"{help_text} (env {env})")
-
-    p.add_argument(
-        "--config",
-        default=None,
-        metavar="PATH",
-        help="config file, which must exist (default $NULLTICKETS_HOME/config.json, if any)",
-    )
-    opt(
-        "--host",
-        ENV_HOST,
-        "bind address; any but loopback needs a token of 16+ characters (default 127.0.0.1)",
-    )
-    opt("--port", ENV_PORT, "listen port 0..65535 (default 7700)", metavar="N")
-    opt("--db", ENV_DB, "SQLite database file (default nulltickets.db)", metavar="PATH")
-    opt("--token", ENV_TOKEN, "admin token every route but /health needs (default: none)")
-    opt("--max-body-bytes", ENV_MAX_BODY, "largest request body (default 65536)", metavar="N")
-    opt(
-        "--durability",
-        ENV_DURABILITY,
-        "full (default): fsync every commit; normal: fsync only at checkpoints",
-        metavar="{full,normal}",
-    )
-    opt(
-        "--read-timeout",
-        ENV_READ_TIMEOUT,
-        "seconds a client may take to send a request body (default 30)",
-        metavar="S",
-    )
-    p.add_argument(
-        "--access-log",
-        action="store_true",
-        default=None,
-        help=f"log every request (env {ENV_ACCESS_LOG}=1)",
-    )
-    opt("--log-format", ENV_LOG_FORMAT, "text (default) or json lines", metavar="{text,json}")
-    opt(
-        "--log-level",
-        ENV_LOG_LEVEL,
-        "debug, info (default), warning, error or critical",
-        metavar="LEVEL",
-    )
-    opt(
-        "--allowed-origins",
-        ENV_ALLOWED_ORIGINS,
-        "comma-separated origins whose web pages may call the server besides its own, e.g. "
-        "https://tracker.example.com (default: none)",
-        metavar="LIST",
-    )
-    opt(
-        "--allowed-hosts",
-        ENV_ALLOWED_HOSTS,
-        "comma-separated host names a server without a token answers to besides localhost "
-        "and the loopback addresses (default: none)",
-        metavar="LIST",
-    )
-    opt(
-        "--max-waiters",
-        ENV_MAX_WAITERS,
-        "long-poll claims waiting at once at most; beyond, a claim answers at once with "
-        "Retry-After (default: what the process can hold, see the start-up line)",
-        metavar="N",
-    )
-    opt(
-        "--max-streams",
-        ENV_MAX_STREAMS,
-        "open event streams at most; beyond, 503 overloaded (default: what the process can hold)",
-        metavar="N",
-    )
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-
-
-def flags_from_args(args: argparse.Namespace) -> Flags:
-    """The serve flags, each value checked here (a bad one is a ConfigError naming the flag)."""
-
-    return Flags(
-        config=args.config,
-        db=args.db,
-        host=args.host,
-        port=None if args.port is None else parse_port(args.port, "--port"),
-        token=args.token,
-        max_body_bytes=None
-        if args.max_body_bytes is None
-        else parse_size(args.max_body_bytes, "--max-body-bytes"),
-        durability=None
-        if args.durability is None
-        else parse_choice(args.durability, DURABILITIES, "--durability"),
-        read_timeout_s=None
-        if args.read_timeout is None
-        else parse_seconds(args.read_timeout, "--read-timeout"),
-        access_log=args.access_log,
-        log_format=None
-        if args.log_format is None
-        else parse_choice(args.log_format, LOG_FORMATS, "--log-format"),
-        log_level=None
-        if args.log_level is None
-        else parse_choice(args.log_level, LOG_LEVELS, "--log-level"),
-        allowed_origins=None
-        if args.allowed_origins is None
-        else parse_origins(args.allowed_origins, "--allowed-origins"),
-        allowed_hosts=None
-        if args.allowed_hosts is None
-        else parse_hosts(args.allowed_hosts, "--allowed-hosts"),
-        max_waiters=None
-        if args.max_waiters is None
-        else parse_count(args.max_waiters, "--max-waiters"),
-        max_streams=None
-        if args.max_streams is None
-        else parse_count(args.max_streams, "--max-streams"),
-    )
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    return build_settings(flags_from_args(args))
-
-
-def serve_command(args: argparse.Namespace) -> int:
-    from nulltickets import logs
-    from nulltickets.server.launch import check_settings, preflight, serve, version_line
-
-    if args.version:
-        print(version_line())
-        return 0
-    if args.host is not None and not args.host.strip():
-        raise ConfigError("--host must not be empty")
-    flags = flags_from_args(args)
-    settings = build_settings(flags)
-    hide_passwords(settings.db)  # also one from the config file
-    logs.configure(settings.log_format, settings.log_level)
-    try:
-        check_settings(settings)
-    except ConfigError as exc:
-        # launch names the flag; the host or the token may have come from the file or the
-        # environment.
-        message = str(exc)
-        for setting in ("host", "token"):
-            source = source_of(setting, flags)
-            if f"--{setting}" in message and source not in (f"--{setting}", "the default"):
-                message = message.replace(f"--{setting}", source)
-        if message != str(exc):
-            raise ConfigError(message) from None
-        raise
-    preflight(settings)
-    serve(settings)
-    return 0
 
 
 def export_manifest() -> int:
