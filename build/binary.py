@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from release import manifest as release_manifest  # noqa: E402
 
-from nulltickets.server import launch  # noqa: E402  (the package being built, installed in this Python)
+# The package being built, installed in this Python.
+from nulltickets.server import launch  # noqa: E402
 
 DIST = ROOT / "dist"
 ONEFILE_CHILD_GRACE_MS = (launch.MAIN_SHUTDOWN_DEADLINE_S + 1) * 1000
