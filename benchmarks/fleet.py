@@ -49,7 +49,7 @@ def raise_open_files(needed: int) -> int:
     RuntimeError naming the shortfall when even that is below `needed`."""
     import resource
 
-    from nulltickets.capacity import raise_file_limit
+    from nulltickets.server.capacity import raise_file_limit
 
     files = raise_file_limit()  # as the server does: to the hard limit (macOS: its own cap)
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from release import manifest as release_manifest  # noqa: E402
 
-from nulltickets import launch  # noqa: E402  (the package being built, installed in this Python)
+# The package being built, installed in this Python.
+from nulltickets.server import launch  # noqa: E402
 
 DIST = ROOT / "dist"
 ONEFILE_CHILD_GRACE_MS = (launch.MAIN_SHUTDOWN_DEADLINE_S + 1) * 1000
@@ -202,7 +203,7 @@ def nuitka_command(
         "--onefile-as-archive",
         # SIGTERM reaches the server through the onefile parent, which then kills it after this
         # grace: one second past the deadline by which the server's main process ends by
-        # itself (launch.py), so a main process that hangs (stopped, stuck) cannot hold the
+        # itself (server/launch.py), so a main process that hangs (stopped, stuck) cannot hold the
         # binary's SIGTERM for longer; its worker follows it through the parent-death signal.
         f"--onefile-child-grace-time={ONEFILE_CHILD_GRACE_MS}",
         # Nuitka refuses any argv with "-c"/"-m" followed by a value, assuming a program that

@@ -32,7 +32,7 @@ SUMS = "SHA256SUMS"
 MANIFEST = "release-manifest.json"
 
 # (os, arch) of every asset a release publishes -> nullhub's target triple. Must match
-# src/nulltickets/manifest.py TARGETS (a unit test checks).
+# src/nulltickets/cli/manifest.py TARGETS (a unit test checks).
 PLATFORMS = {
     ("linux", "x86_64"): "x86_64-linux",
     ("linux", "aarch64"): "aarch64-linux",

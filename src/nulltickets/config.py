@@ -91,7 +91,7 @@ class Settings(msgspec.Struct, frozen=True):
     # Host names a server without a token answers to besides the loopback names.
     allowed_hosts: tuple[str, ...] = ()
     # Long-poll claims in progress and open event streams at most; None: set at start from
-    # what the process can hold (launch.py, capacity.py), and no limit in a worker not
+    # what the process can hold (server/launch.py, server/capacity.py), and no limit in a worker not
     # started that way.
     max_waiters: int | None = None
     max_streams: int | None = None

@@ -32,7 +32,7 @@ from benchmarks.fleet import (
     work,
 )
 
-from nulltickets.capacity import STREAM_BYTES, WAITER_BYTES
+from nulltickets.server.capacity import STREAM_BYTES, WAITER_BYTES
 from tests.conftest import TEST_BACKEND, unique
 from tests.server import Server, granian_workers
 

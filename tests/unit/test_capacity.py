@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nulltickets.capacity import (
+from nulltickets.server.capacity import (
     FILE_RESERVE,
     MIN_WORKING,
     STREAM_BYTES,

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from nulltickets import __version__, cli, core
+from nulltickets.cli import serve
+from nulltickets.cli.manifest import manifest
 from nulltickets.config import (
     ConfigError,
     Flags,
@@ -20,7 +22,6 @@ from nulltickets.config import (
     read_config,
     write_wizard_config,
 )
-from nulltickets.manifest import manifest
 
 
 def write(path: Path, doc: Any) -> Path:
@@ -256,8 +257,8 @@ def test_serve_words_and_no_word_build_the_same_settings(
     monkeypatch.setenv("NULLTICKETS_HOME", str(home))
     argv = cli.normalise([*([word] if word else []), "--port", "8127"])
     args = cli._parser().parse_args(argv)
-    assert args.func is cli.serve_command
-    assert cli.settings_from_args(args).port == 8127
+    assert args.func is serve.serve_command
+    assert serve.settings_from_args(args).port == 8127
 
 
 @pytest.mark.parametrize(
@@ -304,7 +305,7 @@ def test_serve_flags_still_work(home: Path, monkeypatch: pytest.MonkeyPatch) -> 
             "--access-log",
         ]
     )
-    assert cli.settings_from_args(args) == Settings(
+    assert serve.settings_from_args(args) == Settings(
         db="d.db",
         host="127.0.0.2",
         port=0,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nulltickets import heap
+from nulltickets.server import heap
 
 
 @pytest.fixture

@@ -39,17 +39,16 @@ def test_domain_and_core_import_nothing_from_storage_http_or_service(path: Path)
 ABOVE_STORAGE = [p for p in modules(SRC) if SRC / "storage" not in p.parents]
 BACKENDS = ("nulltickets.storage.sqlite", "nulltickets.storage.postgres")
 DRIVERS = ("apsw", "psycopg", "psycopg_pool")
-# Top-level modules allowed to name the SQLite backend: the maintenance commands, which work
-# on a SQLite file as such (backup, vacuum), and launch.py until its preflight opens the
-# database through storage.factory like the server does.
-SQLITE_TOOLS = {"admin_cli.py", "db_cli.py"}
+# Modules allowed to name the SQLite backend: the maintenance commands, which work on a SQLite
+# file as such (backup, vacuum).
+SQLITE_TOOLS = {SRC / "cli" / "admin.py", SRC / "cli" / "db.py"}
 
 
 @pytest.mark.parametrize("path", ABOVE_STORAGE, ids=lambda p: str(p.relative_to(SRC)))
 def test_nothing_above_storage_imports_a_backend_or_a_driver(path: Path) -> None:
     found = imports_of(path)
     bad = {m for m in found if m.split(".")[0] in DRIVERS}
-    if path.name not in SQLITE_TOOLS or path.parent != SRC:
+    if path not in SQLITE_TOOLS:
         bad |= {m for m in found if m.startswith(BACKENDS)}
     else:
         bad |= {m for m in found if m.startswith("nulltickets.storage.postgres")}
@@ -173,20 +172,25 @@ def test_storage_imports_nothing_above_it() -> None:
 
 # The command line's modules: what a person runs. They reach the database only through
 # storage/sqlite's maintenance and connection functions, never the driver itself.
-CLI_MODULES = ["cli.py", "agent_cli.py", "admin_cli.py", "db_cli.py", "client/remote.py", "logs.py"]
+CLI_MODULES = [*modules(SRC / "cli"), SRC / "client" / "remote.py", SRC / "logs.py"]
 
 
-@pytest.mark.parametrize("name", [*CLI_MODULES, "launch.py", "config.py"])
-def test_the_command_line_does_not_import_the_driver(name: str) -> None:
-    found = imports_of(SRC / name)
+@pytest.mark.parametrize(
+    "path",
+    [*CLI_MODULES, *modules(SRC / "worker"), *modules(SRC / "server"), SRC / "config.py"],
+    ids=lambda p: str(p.relative_to(SRC)),
+)
+def test_the_command_line_does_not_import_the_driver(path: Path) -> None:
+    found = imports_of(path)
     assert not {m for m in found if m == "apsw" or m.startswith("apsw.")}, found
     assert "nulltickets.storage.sqlite.backend" not in found
 
 
 def test_client_side_commands_do_not_open_the_database() -> None:
-    for name in ["admin_cli.py", "client/remote.py", "agent_cli.py"]:
-        storage = {m for m in imports_of(SRC / name) if m.startswith("nulltickets.storage")}
-        assert not storage, f"{name} imports {storage}"
+    client_side = [SRC / "cli" / "admin.py", SRC / "cli" / "agent.py", SRC / "client" / "remote.py"]
+    for path in [*client_side, *modules(SRC / "worker")]:
+        storage = {m for m in imports_of(path) if m.startswith("nulltickets.storage")}
+        assert not storage, f"{path.relative_to(SRC)} imports {storage}"
 
 
 POSTGRES = ("psycopg", "psycopg_pool", "nulltickets.storage.postgres")
@@ -216,3 +220,15 @@ def test_the_postgres_storage_imports_nothing_of_sqlite() -> None:
 def test_the_layer_tests_see_the_postgres_storage() -> None:
     assert SRC / "storage" / "postgres" / "migrate.py" in modules(SRC / "storage" / "postgres")
     assert len(ABOVE_STORAGE) > 10
+
+
+# The top level holds only what every part shares; the rest lives in the package of its part
+# (cli/, client/, worker/, server/, http/, service/, ...).
+SHARED = {"__init__.py", "__main__.py", "config.py", "errors.py", "logs.py", "lifetime.py"}
+
+
+def test_the_top_level_keeps_only_what_every_part_shares() -> None:
+    top = {p.name for p in SRC.glob("*.py")}
+    assert top <= SHARED, sorted(top - SHARED)
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert {"cli", "client", "worker", "server", "http", "service", "storage"} <= packages

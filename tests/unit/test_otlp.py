@@ -20,7 +20,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from nulltickets.errors import InvalidJson
-from nulltickets.otlp import (
+from nulltickets.service.otlp import (
     OtlpDecodeError,
     SpanRow,
     is_json,

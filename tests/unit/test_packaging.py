@@ -124,7 +124,7 @@ def test_the_onefile_bootstrap_waits_only_as_long_as_the_servers_own_shutdown(
     """SIGTERM to the binary reaches granian's main process through the onefile bootstrap,
     which kills it after its grace time: a hung main process must not hold the binary for
     longer than the server's own bounded shutdown (and container runtimes' 10 s)."""
-    from nulltickets import launch
+    from nulltickets.server import launch
 
     binary = load_build_binary()
     cmd = binary.nuitka_command(tmp_path / "nt", tmp_path, tmp_path, "linux", "0", "x", 1)

@@ -15,7 +15,7 @@ import pytest
 from release import manifest as rm
 
 import nulltickets
-from nulltickets import manifest as nullhub_manifest
+from nulltickets.cli import manifest as nullhub_manifest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 VERSION = "2026.11.29"

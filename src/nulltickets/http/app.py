@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from nulltickets import heap, logs
+from nulltickets import logs
 from nulltickets.config import Settings
 from nulltickets.errors import (
     MethodNotAllowed,
@@ -32,6 +32,7 @@ from nulltickets.http.response import STREAMED, Reply, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Router, gate
 from nulltickets.http.sse import StreamHub
 from nulltickets.lifetime import STOP_SIGNALS, exit_after
+from nulltickets.server import heap
 from nulltickets.service import Service
 from nulltickets.service.verbs import Guard
 from nulltickets.storage.factory import open_database, secrets_of
@@ -68,7 +69,7 @@ class App:
         service = Service(db, keys_enabled=self.settings.token is not None)
         self.ctx = ctx = Context(service, self.settings.token)
         ctx.hub = StreamHub(ctx.service)
-        # What waits costs memory and a connection, not a request slot: the limits launch.py
+        # What waits costs memory and a connection, not a request slot: the limits server/launch.py
         # set from what this process can hold.
         ctx.service.wakeups.limit = self.settings.max_waiters
         ctx.hub.limit = self.settings.max_streams
@@ -83,7 +84,7 @@ class App:
         self._upkeep = loop.create_task(self._maintain())
         self._take_shutdown_signals(loop)
         _watch_parent(loop, self._begin_shutdown)
-        # Last: what start-up made is frozen, out of every later collection (heap.py).
+        # Last: what start-up made is frozen, out of every later collection (server/heap.py).
         ctx.collector = collector = heap.Collector()
         collector.settle()
 

@@ -9,9 +9,9 @@ from nulltickets.http.slowdown import Slowdown
 from nulltickets.service import Service
 
 if TYPE_CHECKING:
-    from nulltickets.heap import Collector
     from nulltickets.http.metrics import Metrics
     from nulltickets.http.sse import StreamHub
+    from nulltickets.server.heap import Collector
 
 
 @dataclass

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from nulltickets import otlp
 from nulltickets.domain import commands as cmd
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.errors import (
@@ -34,7 +33,7 @@ from nulltickets.http import access
 from nulltickets.http.context import Context
 from nulltickets.http.request import Request
 from nulltickets.http.response import Reply, WebReply
-from nulltickets.service import Answer, Idem, Kind
+from nulltickets.service import Answer, Idem, Kind, otlp
 from nulltickets.service.verbs import VERBS, Guard, Verb
 
 T = TypeVar("T")

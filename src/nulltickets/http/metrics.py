@@ -6,7 +6,7 @@ long poll, how long it waited (on the loop's thread: no lock). The storage backe
 commits and checkpoints the same way (Database.stats). Everything else is read when Prometheus
 scrapes: the queue per role and stage from the database, leases, waiters and streams (with
 their limits, and how many were admitted and refused) from the process, the garbage
-collector's pauses (heap.py), the run events since the previous scrape by kind (counters of
+collector's pauses (server/heap.py), the run events since the previous scrape by kind (counters of
 transitions, retries, dead letters, expiries, releases, checkpoints), the writer's batch counts
 and the WAL's size.
 On PostgreSQL the per-process figures are this process's and the queue figures the database's.

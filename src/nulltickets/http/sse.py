@@ -4,7 +4,7 @@ A connected stream costs a future and a heartbeat timer, nothing else: no stream
 database while nothing happens. After a commit the server calls `StreamHub.wake()` (the moment
 the long-polling claims are woken); the hub then reads the new events once, for every stream,
 and hands each stream the ones its filters let through. Beyond `StreamHub.limit` open streams
-(the server sets it from what the process can hold: capacity.py) a new one is refused at once
+(the server sets it from what the process can hold: server/capacity.py) a new one is refused at once
 with 503 `overloaded`. A stream that resumes (the
 `Last-Event-ID` header, or the `last_event_id` query parameter a browser's first request can
 carry) first replays what it missed from the database, then joins the live feed exactly where

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from nulltickets import errors as e
-from nulltickets import otlp
 from nulltickets.domain import commands, model
 from nulltickets.domain.commands import (
     CreateArtifact,
@@ -22,6 +21,7 @@ from nulltickets.errors import (
     RunNotFound,
     TaskNotFound,
 )
+from nulltickets.service import otlp
 from nulltickets.service import params as p
 from nulltickets.service.base import (
     TrackerBase,

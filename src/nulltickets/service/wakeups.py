@@ -14,7 +14,7 @@ so one that arrives between an attempt and the wait is never lost: the claim tri
 once instead of waiting. Waiting costs a future and a timer: no queries, no polling.
 
 `limit` bounds the long-polls in progress, waiting or trying (the server sets it from what
-the process can hold, launch.py); beyond it `enter` refuses, and the handler answers at once.
+the process can hold, server/launch.py); beyond it `enter` refuses, and the handler answers at once.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ before it commits: the target has all of the source or nothing of it. A target t
 holds data is refused unless `replace` says to empty it first (in that same transaction).
 
 It needs both drivers, so it lives here, beside both backends, and nothing above storage/
-imports it but the command (migrate_cli.py).
+imports it but the command (cli/migrate.py).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ all `nulltickets checkpoint` and `nulltickets event` need.
 While the command runs, the worker heartbeats its lease. The command chooses its outcome on
 purpose, never by what it prints (stdout and stderr are logs): `nulltickets transition TRIGGER`
 or `nulltickets fail REASON`, run from inside it, record a choice in the run's directory
-(channel.py), acted on once the command has exited. Exit status 0 moves the task along the
-chosen transition, else `--trigger`, else the stage's only transition; `nulltickets fail` fails
+(worker/channel.py), acted on once the command has exited. Exit status 0 moves the task along
+the chosen transition, else `--trigger`, else the stage's only transition; `nulltickets fail` fails
 the attempt with its reason whatever the status; any other exit fails the attempt with the
 tail of stderr, so the retry policy decides what happens next.
 
@@ -31,7 +31,7 @@ within two seconds), when the lease is lost or the task cancelled (noticed at th
 heartbeat), when no heartbeat has reached the server for a whole lease TTL (the lease has
 expired there: another agent may hold the task), and when `--timeout` has passed (a failed
 attempt, reason `timeout`). A SIGKILL of the worker ends it too: a watchdog that outlives the
-worker only for that (process_group.py).
+worker only for that (worker/process_group.py).
 
 The worker outlives the server: a claim, heartbeat or outcome that cannot reach it is tried
 again (with capped exponential backoff and jitter) until the server answers, and every write
@@ -57,7 +57,6 @@ from typing import IO
 
 import msgspec
 
-from nulltickets.channel import MAX_REASON, Choice, Fail, RunDirectory
 from nulltickets.client import (
     DEFAULT_BASE_URL,
     FOREVER,
@@ -69,7 +68,8 @@ from nulltickets.client import (
 )
 from nulltickets.config import ConfigError, parse_duration
 from nulltickets.domain.model import ClaimResult
-from nulltickets.process_group import ProcessGroup
+from nulltickets.worker.channel import MAX_REASON, Choice, Fail, RunDirectory
+from nulltickets.worker.process_group import ProcessGroup
 
 STDERR_TAIL = 4000  # bytes of stderr sent with a failed attempt
 CONSOLE_LINES = 5  # lines of stderr the console shows for a failed attempt

@@ -12,9 +12,10 @@ from types import FrameType
 
 import msgspec
 
-from nulltickets import __version__, capacity, core, logs
+from nulltickets import __version__, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
 from nulltickets.lifetime import STOP_SIGNALS, exit_after
+from nulltickets.server import capacity
 
 # granian's access line without its own local-time stamp: every record carries ours.
 ACCESS_LOG_FORMAT = '%(addr)s "%(method)s %(path)s %(protocol)s" %(status)d %(dt_ms).3f ms'

@@ -10,7 +10,8 @@
 `checkpoint` and `event` read the run from the variables the worker sets (NULLTICKETS_RUN_ID,
 NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE);
 `transition` and `fail` write to the worker through the run's private directory
-(NULLTICKETS_RUN_DIR, channel.py): the worker acts on the choice once the command has exited.
+(NULLTICKETS_RUN_DIR, worker/channel.py): the worker acts on the choice once the command has
+exited.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import os
 import sys
 from typing import Any
 
-from nulltickets import channel, worker
+from nulltickets import worker
 from nulltickets.client import ApiError, Client, remote
 from nulltickets.client.remote import CommandFailed
+from nulltickets.worker import channel
 
 
 def register(commands: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from nulltickets.errors import TrackerError
 
@@ -14,6 +15,16 @@ DESCRIPTION = (
     "pipelines, dependencies, assignments, artifacts, checkpoints, spans) into a PostgreSQL "
     "database, in one transaction, and verify the counts."
 )
+
+
+def register(commands: Any) -> None:
+    migrate = commands.add_parser(
+        "migrate",
+        help="copy a SQLite tracker into PostgreSQL and verify the counts",
+        description=DESCRIPTION,
+    )
+    add_arguments(migrate)
+    migrate.set_defaults(func=main_from_args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
