@@ -33,6 +33,7 @@ from schemathesis.specs.openapi import checks as openapi_checks
 from nulltickets.domain.fsm import parse_definition
 from nulltickets.domain.search import search_terms
 from nulltickets.errors import InvalidPipeline
+from nulltickets.http.openapi import OPENAPI_ROUTES
 from nulltickets.http.routes import ROUTES
 from nulltickets.service.verbs import Guard as Auth
 from nulltickets.storage.sqlite.search import fts_query
@@ -174,7 +175,7 @@ class FuzzRun:
 
 def gate_of(operation: Any) -> Auth:
     """How the route table says the admin gate treats this operation."""
-    for route in ROUTES:
+    for route in ROUTES + OPENAPI_ROUTES:
         if route.method == operation.method.upper() and route.pattern.replace("+}", "}") == (
             operation.path
         ):
