@@ -71,7 +71,7 @@ BAD_AUTH: dict[str, dict[str, str]] = {
 def secured_server(request: pytest.FixtureRequest) -> Server:
     """One server started with --token secret for the module (what `make_server(token=...)`
     builds, shared so the gate tests stay fast)."""
-    return module_server(request, "secured", token=TOKEN)  # type: ignore[no-any-return]
+    return module_server(request, "secured", token=TOKEN)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ TOKEN = "dashboard-secret"
 
 @pytest.fixture
 def secured_server(request: pytest.FixtureRequest) -> Server:
-    return module_server(request, "dash", token=TOKEN)  # type: ignore[no-any-return]
+    return module_server(request, "dash", token=TOKEN)
 
 
 @pytest.fixture

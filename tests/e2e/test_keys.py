@@ -44,7 +44,7 @@ ID = "00000000-0000-4000-8000-000000000000"
 
 @pytest.fixture
 def secured(request: pytest.FixtureRequest) -> Server:
-    return module_server(request, "keys", token=TOKEN, dsn=server_dsn(request))  # type: ignore[no-any-return]
+    return module_server(request, "keys", token=TOKEN, dsn=server_dsn(request))
 
 
 @pytest.fixture
