@@ -3,6 +3,7 @@ server process, and what the in-process client reports."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -13,7 +14,11 @@ from tests.server import Client, Server
 
 pytestmark = pytest.mark.e2e
 
+# Against a binary every server is a process and the in-process client is not used.
+BINARY = bool(os.environ.get("NULLTICKETS_BINARY"))
 
+
+@pytest.mark.skipif(BINARY, reason="against a binary every server is a process")
 def test_an_e2e_test_gets_the_app_in_this_process(
     shared_server: Any, fresh_server: Any, make_server: Any, request: pytest.FixtureRequest
 ) -> None:
@@ -43,6 +48,7 @@ def test_against_a_binary_every_server_is_a_process(
     assert on_process(request)
 
 
+@pytest.mark.skipif(BINARY, reason="against a binary every server is a process")
 def test_a_response_carries_only_the_headers_the_app_set(client: Any) -> None:
     """What granian adds on the wire (Content-Length, framing) is absent, so a test that
     asserts on it fails in this process and must ask for a process."""
