@@ -42,15 +42,82 @@ def server_dsn(request: pytest.FixtureRequest) -> str | None:
     return postgres.dsn(postgres.create_database())
 
 
+def on_process(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's servers are processes (tests/server.py) rather than the app in this
+    process (tests/inprocess.py): for every test against a binary (NULLTICKETS_BINARY), every
+    test outside tests/e2e, and an e2e test marked `process` (it needs what only a process
+    has: sockets and framing, signals, its log, a URL for another program)."""
+    return (
+        bool(os.environ.get("NULLTICKETS_BINARY"))
+        or "/e2e/" not in str(request.node.path)
+        or request.node.get_closest_marker("process") is not None
+    )
+
+
+def new_server(request: pytest.FixtureRequest, db: Path, **kw: Any) -> Any:
+    """A server on `db` (started by the caller): a process or the app in this process."""
+    if on_process(request):
+        return Server(db, **kw)
+    from tests.inprocess import InProcessServer
+
+    if kw.get("env") or kw.get("cwd"):
+        raise AssertionError("a server with an environment of its own needs a process: mark it")
+    kw.pop("env", None)
+    kw.pop("cwd", None)
+    return InProcessServer(db, **kw)
+
+
+@pytest.fixture(scope="module")
+def module_servers() -> Iterator[dict[Any, Any]]:
+    """The servers a module shares (module_server), stopped at its end."""
+    servers: dict[Any, Any] = {}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def module_server(request: pytest.FixtureRequest, name: str, **kw: Any) -> Any:
+    """The server `name` the module's tests share, started on first use: one a process and
+    one in this process, as each test needs (on_process)."""
+    servers = request.getfixturevalue("module_servers")
+    key = (name, on_process(request))
+    if key not in servers:
+        factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        servers[key] = new_server(request, factory.mktemp(name) / f"{name}.db", **kw).start()
+    return servers[key]
+
+
 @pytest.fixture(scope="session")
-def shared_server(
+def shared_process_server(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Server]:
-    """One server for the many tests that only need isolation by fresh pipelines and names."""
+    """One server process for the many tests that only need isolation by fresh pipelines and
+    names."""
     path = tmp_path_factory.mktemp("shared") / "shared.db"
     server = Server(path, dsn=server_dsn(request)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_inprocess_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """The same, in this process."""
+    from tests.inprocess import InProcessServer
+
+    path = tmp_path_factory.mktemp("shared-inprocess") / "shared.db"
+    server = InProcessServer(path, dsn=server_dsn(request)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def shared_server(request: pytest.FixtureRequest) -> Any:
+    """The shared server: a process or in this process (on_process)."""
+    if on_process(request):
+        return request.getfixturevalue("shared_process_server")
+    return request.getfixturevalue("shared_inprocess_server")
 
 
 @pytest.fixture
@@ -63,7 +130,7 @@ def client(shared_server: Server) -> Iterator[Client]:
 @pytest.fixture
 def fresh_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
     """A server of the test's own, on its own database file."""
-    server = Server(tmp_path / "fresh.db", dsn=server_dsn(request)).start()
+    server = new_server(request, tmp_path / "fresh.db", dsn=server_dsn(request)).start()
     yield server
     server.stop()
 
@@ -80,11 +147,11 @@ def fresh_client(fresh_server: Server) -> Iterator[Client]:
 @pytest.fixture
 def make_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Factory for servers with custom flags; all are stopped at the end of the test."""
-    servers: list[Server] = []
+    servers: list[Any] = []
 
-    def make(**kw: Any) -> Server:
+    def make(**kw: Any) -> Any:
         kw.setdefault("dsn", server_dsn(request))
-        server = Server(tmp_path / f"s{len(servers)}.db", **kw)
+        server = new_server(request, tmp_path / f"s{len(servers)}.db", **kw)
         servers.append(server)
         return server.start()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -10,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, pipeline_with_roles, unique
+from tests.conftest import create_pipeline, module_server, pipeline_with_roles, unique
 from tests.server import PIPELINE, Client, Response, Server
 
 TOKEN = "secret"
@@ -68,13 +67,11 @@ BAD_AUTH: dict[str, dict[str, str]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture
+def secured_server(request: pytest.FixtureRequest) -> Server:
     """One server started with --token secret for the module (what `make_server(token=...)`
     builds, shared so the gate tests stay fast)."""
-    server = Server(tmp_path_factory.mktemp("secured") / "secured.db", token=TOKEN).start()
-    yield server
-    server.stop()
+    return module_server(request, "secured", token=TOKEN)
 
 
 @pytest.fixture
@@ -179,8 +176,8 @@ def test_any_bearer_passes_the_gate_on_lease_paths(secured: Client) -> None:
         assert (r.status, r.error_code) == (404, "not_found"), (path, r.body)
 
 
-def test_the_admin_token_is_no_lease_token(secured: Client) -> None:
-    admin_client = dataclasses.replace(secured, token=TOKEN, _conn=None)
+def test_the_admin_token_is_no_lease_token(secured: Client, secured_server: Server) -> None:
+    admin_client = secured_server.client(TOKEN)
     try:
         pipeline_id, coder, _ = pipeline_with_roles(admin_client)
     finally:

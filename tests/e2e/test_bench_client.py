@@ -15,6 +15,8 @@ from benchmarks.load import ENDPOINTS, native_client, run_agents
 
 from tests.server import alive
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests.cli import one_line, run_cli
 from tests.server import Server, free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 

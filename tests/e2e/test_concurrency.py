@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import create_pipeline, unique
 from tests.server import Client, Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 AGENTS = 8
 TASKS = 2000

@@ -14,17 +14,15 @@ import pytest
 
 from nulltickets import client as pyclient
 from nulltickets.client import AsyncClient
-from tests.conftest import claimed, make_task, pipeline_with_roles, unique
+from tests.conftest import claimed, make_task, module_server, pipeline_with_roles, unique
 from tests.server import Client, Server
 
 TOKEN = "dashboard-secret"
 
 
-@pytest.fixture(scope="module")
-def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("dash") / "dash.db", token=TOKEN).start()
-    yield server
-    server.stop()
+@pytest.fixture
+def secured_server(request: pytest.FixtureRequest) -> Server:
+    return module_server(request, "dash", token=TOKEN)
 
 
 @pytest.fixture
@@ -141,6 +139,7 @@ def test_pages_load_without_a_token_but_their_data_does_not(browser: Client) -> 
     assert browser.get("/ops/stages").error_code == "unauthorized"
 
 
+@pytest.mark.process
 def test_a_wrong_token_is_refused_and_sets_no_cookie(secured_server: Server) -> None:
     r = login(secured_server, "wrong")
     assert r.status == 401
@@ -148,6 +147,7 @@ def test_a_wrong_token_is_refused_and_sets_no_cookie(secured_server: Server) -> 
     assert r.set_cookie == []
 
 
+@pytest.mark.process
 def test_login_sets_an_httponly_strict_session_that_is_not_the_token(
     browser: Client, secured_server: Server
 ) -> None:
@@ -164,6 +164,7 @@ def test_login_sets_an_httponly_strict_session_that_is_not_the_token(
     assert browser.get("/metrics", headers={"Cookie": jar}).status == 200
 
 
+@pytest.mark.process
 def test_writes_with_the_cookie_need_the_csrf_token_and_the_same_origin(
     browser: Client, secured_server: Server
 ) -> None:
@@ -187,6 +188,7 @@ def test_writes_with_the_cookie_need_the_csrf_token_and_the_same_origin(
     assert browser.get("/ops/stages", headers={"Cookie": forged}).status == 401
 
 
+@pytest.mark.process
 def test_login_redirects_only_inside_the_dashboard(secured_server: Server) -> None:
     assert login(secured_server, target="https://evil.example/").location == "/ui/"
     assert login(secured_server, target="//evil.example/ui/").location == "/ui/"
@@ -415,6 +417,7 @@ def test_namespaces_are_listed_with_their_key_counts(client: Client) -> None:
     assert client.get("/namespaces?limit=5000").error_code == "invalid_limit"
 
 
+@pytest.mark.process
 def test_the_python_clients_call_the_dashboards_routes(shared_server: Server) -> None:
     c = shared_server.client()
     pipeline_id, coder, _ = pipeline_with_roles(c)

@@ -20,7 +20,7 @@ from tests.cli import one_line, run_cli
 from tests.pgserver import PostgresServer, free_port
 from tests.server import Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 
 @pytest.fixture

@@ -268,6 +268,7 @@ def test_a_wrong_method_on_an_unknown_path_stays_404(client: Client) -> None:
 
 
 @pytest.mark.parametrize("path", ["/health", "/tasks", "/pipelines", "/openapi.json", "/ui/"])
+@pytest.mark.process
 def test_head_answers_like_get_without_a_body(client: Client, path: str) -> None:
     get = client.get(path)
     head = client.request("HEAD", path)

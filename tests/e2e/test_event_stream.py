@@ -13,6 +13,8 @@ from tests.conftest import claimed, make_task, pipeline_with_roles, unique
 from tests.server import Client, Server
 from tests.sse import SseClient
 
+pytestmark = pytest.mark.process
+
 TOKEN = "stream-secret"
 
 

@@ -93,6 +93,7 @@ def gauge(client: Client, **labels: str) -> float:
 # --- dead letters count where they land ------------------------------------------------------
 
 
+@pytest.mark.process
 def test_dead_letters_in_a_dead_letter_stage_count_on_every_surface(
     fresh_server: Server, fresh_client: Client, tmp_path: Path
 ) -> None:
@@ -389,6 +390,7 @@ def test_the_failure_routes_need_the_admin_token(make_server: Any) -> None:
         c.close()
 
 
+@pytest.mark.process
 def test_the_python_clients_list_group_and_act_in_bulk(shared_server: Server) -> None:
     import asyncio
 
@@ -425,6 +427,7 @@ def test_the_python_clients_list_group_and_act_in_bulk(shared_server: Server) ->
 # --- the operator's commands -----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_tasks_show_prints_no_parked_eligibility_for_dead_or_cancelled_tasks(
     shared_server: Server, client: Client, tmp_path: Path
 ) -> None:
@@ -453,6 +456,7 @@ def test_tasks_show_prints_no_parked_eligibility_for_dead_or_cancelled_tasks(
     assert year == time.gmtime().tm_year or year == time.gmtime().tm_year + 1
 
 
+@pytest.mark.process
 def test_tasks_list_by_state_takes_a_pipeline_but_no_stage_or_role(
     shared_server: Server, client: Client, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ from nulltickets.server.capacity import STREAM_BYTES, WAITER_BYTES
 from tests.conftest import TEST_BACKEND, unique
 from tests.server import Server, granian_workers
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.e2e, pytest.mark.slow]
 
 WAITERS = 5_000
 STREAMS = 500

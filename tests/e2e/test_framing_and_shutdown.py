@@ -30,7 +30,7 @@ from tests.server import (
     server_command,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 # Zig's std.http client reads a 204 without Content-Length until the connection closes; the
 # server's idle timeout (10 s) was what ended it before. After the head, EOF must follow at once.

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import unique
 from tests.server import Server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.e2e, pytest.mark.slow]
 
 TOKEN = "generated-client-token"
 

@@ -25,7 +25,14 @@ from nulltickets.http import slowdown
 from nulltickets.http.routes import ROUTES, Route
 from nulltickets.service.verbs import Guard as Auth
 from tests.cli import one_line, run_cli
-from tests.conftest import claimed, make_task, pipeline_with_roles, server_dsn, unique
+from tests.conftest import (
+    claimed,
+    make_task,
+    module_server,
+    pipeline_with_roles,
+    server_dsn,
+    unique,
+)
 from tests.pgserver import PostgresServer
 from tests.server import Client, Response, Server
 from tests.sse import SseClient
@@ -36,15 +43,9 @@ TOKEN = "keys-root-token-0123456789"
 ID = "00000000-0000-4000-8000-000000000000"
 
 
-@pytest.fixture(scope="module")
-def secured(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Server]:
-    server = Server(
-        tmp_path_factory.mktemp("keys") / "keys.db", token=TOKEN, dsn=server_dsn(request)
-    ).start()
-    yield server
-    server.stop()
+@pytest.fixture
+def secured(request: pytest.FixtureRequest) -> Server:
+    return module_server(request, "keys", token=TOKEN, dsn=server_dsn(request))
 
 
 @pytest.fixture
@@ -233,6 +234,7 @@ def test_an_agent_key_makes_the_writes_agents_make(secured: Server, admin: Clien
 # --- what a read key may do --------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_read_key_reads_every_route_and_writes_none(secured: Server, admin: Client) -> None:
     reader = as_key(secured, new_key(admin, "read"))
     try:
@@ -289,6 +291,7 @@ def test_unknown_and_revoked_keys_are_refused_at_once(secured: Server, admin: Cl
         holder.close()
 
 
+@pytest.mark.process
 def test_a_revoked_keys_event_stream_ends(make_server: Any) -> None:
     server = make_server(token=TOKEN, env={"NULLTICKETS_SSE_HEARTBEAT_S": "0.2"})
     admin = server.client(TOKEN)
@@ -417,6 +420,7 @@ def login(server: Server, token: str) -> tuple[int, str, dict[str, str]]:
         conn.close()
 
 
+@pytest.mark.process
 def test_the_dashboard_takes_any_key_and_a_read_session_changes_nothing(
     secured: Server, admin: Client
 ) -> None:
@@ -486,6 +490,7 @@ def test_the_openapi_document_declares_who_may_call_each_route(client: Client) -
 # --- the command and the Python clients --------------------------------------------------------
 
 
+@pytest.mark.process
 def test_the_keys_command_makes_lists_and_revokes(secured: Server, tmp_path: Path) -> None:
     def keys(*args: str, token: str | None = TOKEN) -> Any:
         extra = ["--token", token] if token is not None else []
@@ -515,6 +520,7 @@ def test_the_keys_command_makes_lists_and_revokes(secured: Server, tmp_path: Pat
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
+@pytest.mark.process
 def test_the_keys_command_says_keys_need_a_token(fresh_server: Server, tmp_path: Path) -> None:
     made = run_cli(
         "keys", "create", "--name", "x", "--access", "read", "--base", fresh_server.base,
@@ -523,6 +529,7 @@ def test_the_keys_command_says_keys_need_a_token(fresh_server: Server, tmp_path:
     assert made.returncode == 1 and "409 keys_need_token" in one_line(made)
 
 
+@pytest.mark.process
 def test_the_python_client_makes_lists_and_revokes_keys(secured: Server) -> None:
     with PyClient(secured.base, TOKEN) as api:
         made = api.create_key("py", "agent", ["coder"])

@@ -302,6 +302,7 @@ def test_one_new_task_goes_to_exactly_one_of_two_waiters(
     assert details["latest_run"]["attempt"] == 1
 
 
+@pytest.mark.process
 def test_a_waiter_that_disconnects_never_gets_a_lease(
     client: Client, shared_server: Server
 ) -> None:

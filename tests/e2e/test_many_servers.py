@@ -27,6 +27,7 @@ from tests.pgserver import PostgresServer
 from tests.server import Client, Response, Server
 
 pytestmark = [
+    pytest.mark.process,
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.skipif(sys.platform == "win32", reason="a server is killed with SIGKILL"),

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import (
@@ -308,6 +309,7 @@ def test_long_poll_claims_count_their_wait_by_outcome(shared_server: Server) -> 
     c.close()
 
 
+@pytest.mark.process
 def test_start_up_is_frozen_and_collections_are_rare_and_timed(make_server: Any) -> None:
     """What start-up made is out of every garbage collection, a young collection waits for
     tens of thousands of new objects (with CPython's default, 700, 16 agents made one about

@@ -16,7 +16,7 @@ from tests.e2e.test_traces import json_export
 from tests.pgserver import PostgresServer
 from tests.server import PIPELINE, Client, Server, server_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 
 def migrate(*args: str) -> subprocess.CompletedProcess[str]:

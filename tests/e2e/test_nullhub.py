@@ -16,7 +16,7 @@ import pytest
 
 from tests.server import TIME_SCALE, Client, Server, free_port, server_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 STEP_TYPES = {"select", "multi_select", "secret", "text", "number", "toggle", "dynamic_select"}
 

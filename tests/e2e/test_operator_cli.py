@@ -21,7 +21,7 @@ from tests.conftest import claimed, create_pipeline, make_task, pipeline_with_ro
 from tests.fixtures.reference import build_reference_db
 from tests.server import Client, Server, server_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 HEADER = "ID  STAGE  STATE  PRIORITY  UPDATED  TITLE"
 

@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import claimed, make_task, pipeline_with_roles, server_dsn, unique
 from tests.server import Client, Response, Server
 
+pytestmark = pytest.mark.process
+
 TOKEN = "origins-secret"
 EVIL = "http://evil.example"
 

@@ -36,7 +36,7 @@ import pytest
 
 from tests.server import Server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -36,7 +36,7 @@ def assert_envelope(r: Response) -> str:
     return str(doc["error"]["code"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def task_id(shared_server: Any) -> Iterator[str]:
     """One task (in a fresh pipeline) for the routes that need a task in the path."""
     c = shared_server.client()
@@ -281,6 +281,7 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+@pytest.mark.process
 def test_a_413_never_drops_a_keep_alive_connection_unannounced(shared_server: Any) -> None:
     """An oversize request is refused on its Content-Length with a whole JSON response. The
     connection is then either kept usable or closed after announcing `Connection: close`,
@@ -305,6 +306,7 @@ def test_a_413_never_drops_a_keep_alive_connection_unannounced(shared_server: An
             assert status == 200, "connection closed although the 413 did not announce it"
 
 
+@pytest.mark.process
 def test_an_oversize_chunked_body_without_content_length_is_413(shared_server: Any) -> None:
     """The refusal comes as soon as the chunks pass the limit, and the server may close the
     connection then, while a client sending chunk by chunk is still sending (its next send
@@ -324,6 +326,7 @@ def test_an_oversize_chunked_body_without_content_length_is_413(shared_server: A
     assert json.loads(payload)["error"]["code"] == "payload_too_large"
 
 
+@pytest.mark.process
 def test_a_small_chunked_body_is_read_completely(shared_server: Any) -> None:
     doc = json.dumps({"name": unique("chunked"), "definition": PIPELINE}).encode()
 
@@ -483,6 +486,7 @@ def test_a_request_without_content_type_is_still_parsed(client: Client) -> None:
     assert r.status == 201, r.body
 
 
+@pytest.mark.process
 def test_a_garbage_request_line_does_not_take_the_server_down(shared_server: Any) -> None:
     with socket.create_connection(("127.0.0.1", shared_server.port), timeout=5) as s:
         s.sendall(b"\x00\x01garbage\r\n\r\n")
@@ -495,6 +499,7 @@ def test_a_garbage_request_line_does_not_take_the_server_down(shared_server: Any
         c.close()
 
 
+@pytest.mark.process
 def test_a_body_that_stops_arriving_gets_408_after_the_read_timeout(make_server: Any) -> None:
     server = make_server(args=["--read-timeout", "1"])
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import create_pipeline, unique
 from tests.server import Server, _children
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 PROMPT_S = 2.0
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What SQLite reports is a property of the SQLite backend: these servers run on their file even
 # when the rest of the suite runs on PostgreSQL.
-pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_file]
+pytestmark = [pytest.mark.process, pytest.mark.e2e, pytest.mark.sqlite_file]
 
 
 def expected() -> tuple[str, set[str]]:

@@ -41,6 +41,7 @@ def test_put_get_round_trips_any_json_value_and_keeps_created_at(client: Client)
     assert second["updated_at_ms"] >= first["updated_at_ms"]
 
 
+@pytest.mark.process
 def test_keys_may_hold_slashes_spaces_and_unicode(client: Client) -> None:
     ns = unique("ns")
     for key in ("a/b/c", "with space", "ключ", "../../etc/passwd"):
@@ -53,6 +54,7 @@ def entries(found: list[StoreEntry]) -> list[tuple[str, str, object]]:
     return [(e.namespace, e.key, msgspec.json.decode(e.value)) for e in found]
 
 
+@pytest.mark.process
 def test_a_slash_in_the_namespace_and_one_in_the_key_are_different_entries(
     shared_server: Server,
 ) -> None:
@@ -79,6 +81,7 @@ def test_a_slash_in_the_namespace_and_one_in_the_key_are_different_entries(
 ODD_NAMES = ["/lead", "trail/", "a//b", "a/b/c", "100%", "%2F", "%252F", "%25", "50%41", "sp ace"]
 
 
+@pytest.mark.process
 def test_any_namespace_and_key_round_trip_through_the_clients(shared_server: Server) -> None:
     base = unique("odd")
     with pyclient.Client(shared_server.base) as api:
@@ -100,6 +103,7 @@ def test_any_namespace_and_key_round_trip_through_the_clients(shared_server: Ser
     ]
 
 
+@pytest.mark.process
 def test_a_slash_escaped_twice_stays_in_the_namespace_for_curl_too(client: Client) -> None:
     """The server sees the path decoded once (granian does that), then splits it and undoes
     the second escape in each segment: `%252F` is a `/` inside the segment. A key's `/` may

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import create_pipeline, unique, wait_for
 from tests.server import Client, Server, alive, descendants, server_command
 
+pytestmark = pytest.mark.process
+
 STEPS = 4
 
 # The agent every worker runs: it resumes from the checkpoint, logs each step it performs and

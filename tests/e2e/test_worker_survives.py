@@ -26,7 +26,7 @@ from nulltickets.client import ApiError, AsyncClient, Client, Retry, RetryEvent
 from tests.conftest import unique, wait_for
 from tests.server import Server, alive, server_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 STEPS = 3
 

@@ -51,8 +51,13 @@ SHUTDOWN_DEADLINE_S = 1.5
 
 
 class App:
-    def __init__(self, settings: Settings) -> None:
+    """`owns_process`: the app is granian's worker, so it takes the stop signals, watches its
+    parent and tunes the process's garbage collector; an app embedded in another program (the
+    tests' in-process client) leaves the process alone."""
+
+    def __init__(self, settings: Settings, *, owns_process: bool = True) -> None:
         self.settings = settings
+        self.owns_process = owns_process
         self.router = Router(ROUTES + openapi.OPENAPI_ROUTES + ui.UI_ROUTES)
         self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
@@ -82,6 +87,8 @@ class App:
         db.notifier.on_commit(ctx.hub.wake, loop, wanted=ctx.hub.listening)
         loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
+        if not self.owns_process:
+            return
         self._take_shutdown_signals(loop)
         _watch_parent(loop, self._begin_shutdown)
         # Last: what start-up made is frozen, out of every later collection (server/heap.py).

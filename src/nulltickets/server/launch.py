@@ -111,17 +111,9 @@ def preflight(settings: Settings) -> None:
     check_database(settings.db, durability=settings.durability)
 
 
-def serve(settings: Settings) -> None:
-    from granian.constants import HTTPModes, Interfaces, Loops
-    from granian.http import HTTP1Settings
-    from granian.log import LogLevels
-    from granian.server import Server
-
-    from nulltickets.http.app import load_app
-    from nulltickets.storage.factory import display_name, engine_description
-
-    # Waiting claims and event streams hold connections, not request slots: granian may keep
-    # as many open as the process has files for, and the limits on waiting are ours.
+def worker_settings(settings: Settings) -> tuple[Settings, capacity.Capacity]:
+    """The settings the worker serves with: waiting claims and event streams hold connections,
+    not request slots, so their limits come from the files and memory this process has."""
     room = capacity.plan(
         capacity.raise_file_limit(),
         capacity.available_memory(),
@@ -131,6 +123,21 @@ def serve(settings: Settings) -> None:
     settings = msgspec.structs.replace(
         settings, max_waiters=room.max_waiters, max_streams=room.max_streams
     )
+    return settings, room
+
+
+def serve(settings: Settings) -> None:
+    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.http import HTTP1Settings
+    from granian.log import LogLevels
+    from granian.server import Server
+
+    from nulltickets.http.app import load_app
+    from nulltickets.storage.factory import display_name, engine_description
+
+    # granian may keep as many connections open as the process has files for, and the limits
+    # on waiting are ours.
+    settings, room = worker_settings(settings)
     os.environ[ENV_SETTINGS] = settings.to_env()
     auth = "enabled" if settings.token else "disabled"
     log = logging.getLogger("nulltickets")
