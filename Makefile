@@ -6,6 +6,9 @@ PORT ?= 7700
 DB ?= nulltickets.db
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
+# Tests run in parallel worker processes (pytest-xdist): most of their time is spent waiting on
+# servers, leases and signals, not on the CPU. PYTEST_WORKERS=0 runs them here, one at a time.
+PYTEST_WORKERS ?= 4
 
 .PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure
 
@@ -34,7 +37,7 @@ browser:
 	@bash scripts/browser.sh
 
 test: install postgres test-tools browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks cext build release scripts docs/hooks
@@ -109,7 +112,7 @@ binary: install
 # The e2e suite against the built executable instead of `python -m nulltickets`.
 test-binary: install
 	@test -x "$(BINARY)" || { echo "no $(BINARY): run 'make binary' first"; exit 1; }
-	bash build/test-binary.sh $(PY) $(BINARY) $(PYTEST_ARGS)
+	PYTEST_WORKERS=$(PYTEST_WORKERS) bash build/test-binary.sh $(PY) $(BINARY) $(PYTEST_ARGS)
 
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install

@@ -14,4 +14,4 @@ binary=${2:?usage: build/test-binary.sh PYTHON BINARY}
 # lives in dist/ for the run (it is packaging, not the server's state).
 export XDG_CACHE_HOME=$PWD/dist/onefile-cache
 NULLTICKETS_BINARY=$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary") \
-    "$py" -m pytest tests/e2e "${@:3}"
+    "$py" -m pytest tests/e2e -n "${PYTEST_WORKERS:-4}" "${@:3}"
