@@ -199,11 +199,12 @@ def test_two_notifications_for_the_same_moment_wake_two_claims_then() -> None:
         hub = Wakeups(clock=lambda: now[0])
         waiters = [Waiter(hub, f"a{i}") for i in range(3)]
         await settle()
-        hub.deliver("coder", 1_001)
-        hub.deliver("coder", 1_001)
+        # For a moment 0.5 s away: far enough that settling cannot outlast it on a busy machine.
+        hub.deliver("coder", 1_500)
+        hub.deliver("coder", 1_500)
         await settle()
         assert not any(w.woken for w in waiters)
-        await asyncio.sleep(0.01)  # the timer's 1 ms
+        await asyncio.sleep(0.6)  # the timer's 0.5 s
         await settle()
         assert [w.woken for w in waiters] == [True, True, False]
         hub.close()
