@@ -645,3 +645,30 @@ def test_cancel_revokes_the_live_lease_and_requeue_makes_the_task_claimable(
     assert reclaimed.run.attempt == 2
     events = call(service, "list_task_events", task_id, after=0, limit=10)["items"]
     assert [e["kind"] for e in events] == ["cancelled", "requeued"]
+
+
+def test_claims_beside_new_pipelines_at_once_all_answer(service: Service) -> None:
+    """A server runs units of work at once (in threads, on PostgreSQL) over one tracker: a
+    new pipeline empties the tracker's cache of each role's limits while other claims read
+    it. Every claim must still answer, a task or none, and every task is claimed once."""
+    agents, rounds = 8, 25
+
+    async def agent(i: int) -> list[str]:
+        got = []
+        for r in range(rounds):
+            raw = msgspec.Raw(msgspec.json.encode(PIPELINE))
+            made = await acall(service, "create_pipeline", cmd=CreatePipeline(f"p{i}-{r}", raw))
+            task = CreateTask(value(made)["id"], "t", "")
+            await acall(service, "create_tasks", cmd=CreateTasks([task]))
+            claimed = value(await service.claim(Claim(f"agent-{i}", "coder")), ClaimResult)
+            if claimed is not None:
+                got.append(claimed.task.id)
+        return got
+
+    async def everyone() -> list[list[str]]:
+        return await asyncio.gather(*(agent(i) for i in range(agents)))
+
+    taken = [t for got in run(everyone()) for t in got]
+    while (rest := claimed_by(service, Claim("sweeper", "coder"))) is not None:
+        taken.append(rest.task.id)
+    assert len(taken) == len(set(taken)) == agents * rounds

@@ -160,15 +160,15 @@ class Leases(TrackerBase):
         if now >= self._next_expiry:  # some lease may have expired: reap before choosing
             self.reap_expired(b, now)
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
-        capped = self._full_pairs(b, cmd.agent_role)
+        pipelines, capped = self._full_pairs(b, cmd.agent_role)
         task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
         if task is None:
             return None
-        if task.pipeline_id not in self._capped[cmd.agent_role][0]:
+        if task.pipeline_id not in pipelines:
             # A pipeline created since the role's limits were read (by another server): read
             # them again, and choose again under them.
-            del self._capped[cmd.agent_role]
-            capped = self._full_pairs(b, cmd.agent_role)
+            self._capped.pop(cmd.agent_role, None)
+            _, capped = self._full_pairs(b, cmd.agent_role)
             task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
             if task is None:
                 return None
@@ -205,8 +205,11 @@ class Leases(TrackerBase):
             claimed.previous_failures = b.previous_failures(task.id)
         return ClaimResult(claimed, run, lease_id, token, expires, fence)
 
-    def _full_pairs(self, b: Backend, role: str) -> list[tuple[str, str]]:
-        """(pipeline, stage) of this role whose stage policy's max_concurrency is reached."""
+    def _full_pairs(self, b: Backend, role: str) -> tuple[frozenset[str], list[tuple[str, str]]]:
+        """The pipelines the role's limits were read from, and (pipeline, stage) of this role
+        whose stage policy's max_concurrency is reached. Claims run at once in threads on
+        PostgreSQL, and a new pipeline empties the cache meanwhile: what was read is returned,
+        never looked up again."""
         known = self._capped.get(role)
         if known is None:
             capped = []
@@ -218,7 +221,8 @@ class Leases(TrackerBase):
                 if cap is not None:
                     capped.append((pipeline_id, stage, cap))
             known = self._capped[role] = (frozenset(pipelines), capped)
-        return [(p, s) for p, s, cap in known[1] if b.leased_in_pipeline_stage(p, s) >= cap]
+        full = [(p, s) for p, s, cap in known[1] if b.leased_in_pipeline_stage(p, s) >= cap]
+        return known[0], full
 
     def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
         """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
