@@ -4,12 +4,14 @@ command and everything it started, also when the process that started it is SIGK
 While this process lives it ends the group itself (`ProcessGroup.end`: SIGTERM, then SIGKILL to
 whatever is left after GRACE_S). For when it cannot (SIGKILL), a watchdog stands by: a tiny
 `/bin/sh` in a session of its own that holds the read end of a pipe whose write end only this
-process holds. When this process dies the kernel closes that end, the watchdog reads EOF, ends
-the group the same way and exits. On Linux the watchdog also gets SIGHUP from the kernel when
-this process dies (PR_SET_PDEATHSIG), a second line should the pipe be held open somewhere, and
-the command's first process gets SIGTERM. Once the group is ended here, the watchdog is SIGKILLed:
-it never outlives its group's end. A process that leaves the session on purpose (`setsid`, a
-daemon) is out of reach. On Windows there are no process groups: only the command is ended.
+process holds. It is started before the command and told the group on the pipe, so it stands by
+before anything of the command's runs. When this process dies the kernel closes that end, the
+watchdog reads EOF, ends the group the same way and exits. On Linux the watchdog also gets
+SIGHUP from the kernel when this process dies (PR_SET_PDEATHSIG), a second line should the pipe
+be held open somewhere, and the command's first process gets SIGTERM. Once the group is ended
+here, the watchdog is SIGKILLed: it never outlives its group's end. A process that leaves the
+session on purpose (`setsid`, a daemon) is out of reach. On Windows there are no process groups:
+only the command is ended.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ LINUX = sys.platform.startswith("linux")
 GRACE_S = 1.0  # between SIGTERM and SIGKILL of a group that must end
 POLL_S = 0.02  # how often a group being ended is looked at
 
-# $1: the group to end. It reads stdin until EOF (the worker gone), or is told by a signal.
+# The first line of stdin: the group to end (EOF first: no command was started). Then it reads
+# stdin until EOF (the worker gone), or is told by a signal.
 WATCHDOG = f"""
-g=$1
+trap 'exit 0' HUP TERM INT
+read -r g || exit 0
 end() {{
     kill -s TERM -- "-$g" 2>/dev/null || exit 0
     i=0
@@ -66,28 +70,34 @@ class ProcessGroup:
     ) -> None:
         self.on_exit = on_exit
         self.exited = threading.Event()
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=POSIX,
-            # The first line when this process is SIGKILLed, from the kernel itself.
-            preexec_fn=end_with_this_process(),
-        )
-        self.pgid = self.proc.pid
-        self._hold: int | None = None
         self.watchdog: subprocess.Popen[bytes] | None = None
-        if POSIX:
-            self._watch()
+        self._hold = self._watch() if POSIX else None
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=POSIX,
+                # The first line when this process is SIGKILLed, from the kernel itself.
+                preexec_fn=end_with_this_process(),
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.pgid = self.proc.pid
+        if self._hold is not None:
+            os.write(self._hold, b"%d\n" % self.pgid)  # the watchdog's first line
         threading.Thread(target=self._wait_exit, daemon=True).start()
 
-    def _watch(self) -> None:
+    def _watch(self) -> int | None:
+        """Start the watchdog; it learns the group once the command is started. The write end
+        of its pipe, which only this process holds (None: no watchdog)."""
         read, write = os.pipe()  # neither end is inherited by the command or anything else
         try:
             self.watchdog = subprocess.Popen(
-                ["/bin/sh", "-c", WATCHDOG, "nulltickets-watchdog", str(self.pgid)],
+                ["/bin/sh", "-c", WATCHDOG, "nulltickets-watchdog"],
                 stdin=read,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -96,10 +106,10 @@ class ProcessGroup:
             )
         except OSError:
             os.close(write)  # no /bin/sh: the kernel's SIGTERM to the command remains
-        else:
-            self._hold = write
+            return None
         finally:
             os.close(read)
+        return write
 
     def _wait_exit(self) -> None:
         if hasattr(os, "waitid"):
