@@ -457,3 +457,19 @@ def test_merge_checkpoint_folds_every_write_into_the_task(database: Database) ->
         assert json.loads(merged) == expected
     fence, checkpoint = database.write_sync(lambda b: b.bump_fence(task_id))
     assert (json.loads(checkpoint), fence) == (steps[-1], 1)
+
+
+@covers("Backend.held_by_agent")
+def test_the_lease_an_agent_holds_is_the_latest_to_expire_with_its_hash_and_fence(
+    database: Database,
+) -> None:
+    database.write_sync(lambda b: [make_task(b, make_pipeline(b)) for _ in range(2)])
+    assert database.read_sync(lambda b: b.held_by_agent("a")) is None
+    database.write_sync(lambda b: claimed(b, agent="a", ttl=1_000))
+    late = database.write_sync(lambda b: claimed(b, agent="a", ttl=5_000))
+    held = database.read_sync(lambda b: b.held_by_agent("a"))
+    assert held is not None
+    assert (held.id, held.run_id, held.task_id) == (late.lease_id, late.run_id, late.task.id)
+    assert (held.token_hash, held.fence) == (late.token_hash, late.fence)
+    assert held.expires_at_ms == NOW + 5_000
+    assert database.read_sync(lambda b: b.held_by_agent("b")) is None

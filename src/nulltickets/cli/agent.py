@@ -6,6 +6,7 @@
     nulltickets transition TRIGGER              the transition to take when the command exits 0
     nulltickets fail REASON                     fail the attempt when the command exits
     nulltickets pause --agent-id X              release whatever agent X holds (a Stop hook)
+    nulltickets mcp [--role R] [--base URL]     the tools for an agent, on stdio (MCP)
 
 `checkpoint` and `event` read the run from the variables the worker sets (NULLTICKETS_RUN_ID,
 NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE);
@@ -24,12 +25,39 @@ from typing import Any
 
 from nulltickets import worker
 from nulltickets.client import ApiError, Client, remote
+from nulltickets.client.calls import DEFAULT_BASE_URL
 from nulltickets.client.remote import CommandFailed
 from nulltickets.worker import channel
 
 
 def register(commands: Any) -> None:
-    """Add worker, checkpoint, event and pause to the `nulltickets` subcommands."""
+    """Add worker, mcp, checkpoint, event and pause to the `nulltickets` subcommands."""
+    p = commands.add_parser(
+        "mcp",
+        help="serve the tools for an agent on stdio (MCP): claim, checkpoint, transition, ...",
+        description="Serve nulltickets' tools to an MCP client (Claude Code, Codex, Cursor, ...) "
+        "on stdin and stdout, as a client of the server at --base. The process is the "
+        "session: the task it claims is held for it, kept alive while it runs, and released "
+        "when stdin closes.",
+    )
+    env = os.environ.get
+    p.add_argument(
+        "--base",
+        default=env("NULLTICKETS_BASE_URL", DEFAULT_BASE_URL),
+        help="the server's URL (default: $NULLTICKETS_BASE_URL, else %(default)s)",
+    )
+    p.add_argument(
+        "--key",
+        default=env("NULLTICKETS_KEY") or env("NULLTICKETS_TOKEN"),
+        help="the key to act with: an agent key for its roles, or a read key (default: "
+        "$NULLTICKETS_KEY, else $NULLTICKETS_TOKEN); the environment keeps it out of ps",
+    )
+    p.add_argument("--role", default=None, help="the role claim_task claims for by default")
+    p.add_argument(
+        "--agent-id", default=None, help="the agent id claims are made as (default: mcp-HOST-PID)"
+    )
+    p.set_defaults(func=mcp_command)
+
     p = commands.add_parser(
         "worker",
         help="run a command as an agent for each task claimed for a role",
@@ -111,6 +139,12 @@ def _run_env() -> tuple[str, str, int | None, str]:
     base = os.environ.get(remote.ENV_BASE_URL) or remote.DEFAULT_BASE
     remote.check_base(base, remote.ENV_BASE_URL)
     return run_id, token, expected, base
+
+
+def mcp_command(args: argparse.Namespace) -> int:
+    from nulltickets.mcp import stdio
+
+    return stdio.main(args.base, args.key, args.agent_id, args.role)
 
 
 def checkpoint_command(args: argparse.Namespace) -> int:

@@ -121,9 +121,13 @@ class MoveTask(Struct):
 
 
 class FailRun(Struct):
+    """`retryable` false: the failure is not worth another attempt (a task that cannot be
+    done as written): the task is dead-lettered at once, whatever its retry policy."""
+
     error: str
     usage: JsonValue = UNSET
     expected_fence: Int64 | None = None
+    retryable: bool | None = None
 
 
 class WriteCheckpoint(Struct):

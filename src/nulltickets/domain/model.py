@@ -223,6 +223,17 @@ class StageCount(Struct):
     count: int
 
 
+class HeldLease(Struct):
+    """The lease an agent holds, as an MCP session on the server finds it (never sent)."""
+
+    id: str
+    run_id: str
+    task_id: str
+    token_hash: bytes
+    fence: int
+    expires_at_ms: int
+
+
 class LeaseRow(Struct):
     """A lease with what lease-protected writes need of its run and task (never sent)."""
 

@@ -32,6 +32,7 @@ from nulltickets.http.response import STREAMED, Reply, WebReply
 from nulltickets.http.routes import ROUTES, WRITE_METHODS, Router, gate
 from nulltickets.http.sse import StreamHub
 from nulltickets.lifetime import STOP_SIGNALS, exit_after
+from nulltickets.mcp.http import MCP_ROUTES
 from nulltickets.server import heap
 from nulltickets.service import Service
 from nulltickets.service.verbs import Guard
@@ -58,7 +59,7 @@ class App:
     def __init__(self, settings: Settings, *, owns_process: bool = True) -> None:
         self.settings = settings
         self.owns_process = owns_process
-        self.router = Router(ROUTES + openapi.OPENAPI_ROUTES + ui.UI_ROUTES)
+        self.router = Router(ROUTES + openapi.OPENAPI_ROUTES + ui.UI_ROUTES + MCP_ROUTES)
         self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
@@ -106,6 +107,8 @@ class App:
             self.ctx.service.wakeups.close()
             if self.ctx.hub is not None:
                 self.ctx.hub.close()
+            if self.ctx.mcp is not None:
+                self.ctx.mcp.close()
             self.ctx.service.db.close()
             self.ctx = None
 
@@ -130,7 +133,9 @@ class App:
             )
             self.ctx.service.wakeups.close()
             if self.ctx.hub is not None:
-                self.ctx.hub.close()  # and ending the event streams
+                self.ctx.hub.close()
+            if self.ctx.mcp is not None:
+                self.ctx.mcp.close()  # and ending the event streams
         stop = _granian_stop[0]
         if stop is not None:
             stop.set()

@@ -11,6 +11,7 @@ from nulltickets.service import Service
 if TYPE_CHECKING:
     from nulltickets.http.metrics import Metrics
     from nulltickets.http.sse import StreamHub
+    from nulltickets.mcp.http import Bridge
     from nulltickets.server.heap import Collector
 
 
@@ -22,3 +23,4 @@ class Context:
     metrics: Metrics | None = None  # GET /metrics
     collector: Collector | None = None  # the garbage collector's settings and timings
     slowdown: Slowdown = field(default_factory=Slowdown)  # wrong tokens and keys wait
+    mcp: Bridge | None = None  # POST /mcp, started by its first request

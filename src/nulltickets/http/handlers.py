@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -45,6 +45,7 @@ NO_CONTENT = Reply(204, b"")
 # after this many seconds at most (its own wait, if shorter).
 WAIT_REFUSED_RETRY_S = 5
 STATUS = {Kind.CREATED: 201, Kind.OK: 200, Kind.EMPTY: 204}
+NO_QUERY: Mapping[str, str] = {}
 
 
 def reply(answer: Answer) -> Reply:
@@ -64,31 +65,45 @@ def idem(req: Request, auth_hash: bytes | None = None) -> Idem | None:
 
 def query_args(v: Verb, req: Request) -> dict[str, Any]:
     """The verb's query parameters, parsed as it declares them."""
-    q = req.query
-    return {p.arg or p.name: p.parse(q.get(p.name)) for p in v.query}
+    return parsed_query(v, req.query)
+
+
+def parsed_query(v: Verb, query: Mapping[str, str]) -> dict[str, Any]:
+    return {p.arg or p.name: p.parse(query.get(p.name)) for p in v.query}
+
+
+def verb_args(
+    v: Verb, query: Mapping[str, str], body: bytes, token_hash: bytes | None
+) -> dict[str, Any]:
+    """What `Service.call` takes for verb `v` from a request's parts: its query parameters
+    (parsed), the SHA-256 of the lease token presented (under a lease) and the body (decoded
+    into the verb's request type; under a lease only once the lease is checked). The MCP
+    server's tools on the server make their calls with it too."""
+    args = parsed_query(v, query) if v.query else {}
+    lease = v.guard is Guard.LEASE
+    if lease:
+        args["token_hash"] = token_hash
+    request = v.request
+    if request is not None:
+        if v.optional_body and not body.strip():
+            args["cmd"] = request  # called, it makes the empty request
+        elif lease:
+            args["cmd"] = decode_later(request, body)
+        else:
+            value = decode(request, body)
+            args["cmd"] = lambda: value
+    return args
 
 
 def generic(v: Verb) -> Handler:
     """The handler of a verb of the table."""
     names = v.path_params
-    request = v.request
     lease = v.guard is Guard.LEASE
     replayable = v.write and v.idempotency_key
 
     async def handle(ctx: Context, req: Request) -> Reply:
-        args = query_args(v, req) if v.query else {}
-        token_hash = None
-        if lease:
-            token_hash = args["token_hash"] = lease_token_hash(req.require_bearer())
-        if request is not None:
-            body = req.body
-            if v.optional_body and not body.strip():
-                args["cmd"] = request  # called, it makes the empty request
-            elif lease:
-                args["cmd"] = decode_later(request, body)
-            else:
-                value = decode(request, body)
-                args["cmd"] = lambda: value
+        token_hash = lease_token_hash(req.require_bearer()) if lease else None
+        args = verb_args(v, req.query if v.query else NO_QUERY, req.body, token_hash)
         path = [req.params[name] for name in names]
         key = idem(req, token_hash) if replayable else None
         return reply(await ctx.service.call(v, path, args, key))

@@ -59,7 +59,7 @@ from nulltickets.service.base import (
     _json,
     _page,
 )
-from nulltickets.service.verbs import LEASE_ERRORS, Guard, page, paging, said, verb
+from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
 from nulltickets.storage.backend import Backend
 
 
@@ -96,10 +96,18 @@ class Leases(TrackerBase):
         return reaped
 
     def _after_failure(
-        self, b: Backend, task: Task, run_id: str, failed: int, error: str | None, now: int
+        self,
+        b: Backend,
+        task: Task,
+        run_id: str,
+        failed: int,
+        error: str | None,
+        now: int,
+        retryable: bool | None = None,
     ) -> None:
         """Retry the task later or dead-letter it, by its policy, after the failed attempt
-        `run_id` (its `failed`-th) that reported `error`."""
+        `run_id` (its `failed`-th) that reported `error`; `retryable` false: dead-letter it
+        now."""
         pipeline = self._definition(b, task.pipeline_id)
         policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
         # The task's own retry delay wins; the stage's applies when the task set none; the
@@ -109,7 +117,7 @@ class Leases(TrackerBase):
             base = policy.retry_delay_ms
         outcome = core.decide_failure(
             stage=task.stage,
-            max_attempts=task.max_attempts,
+            max_attempts=0 if retryable is False else task.max_attempts,
             retry_delay_ms=base,
             dead_letter_stage=task.dead_letter_stage,
             pipeline=pipeline,
@@ -122,6 +130,10 @@ class Leases(TrackerBase):
         )
         self._signal(b, task.pipeline_id, task.stage)  # a lease ended: capacity is free
         if isinstance(outcome, core.DeadLettered):
+            if retryable is False:
+                outcome = core.DeadLettered(
+                    failed, outcome.from_stage, outcome.dead_letter_stage, "not_retryable"
+                )
             target = outcome.dead_letter_stage
             b.dead_letter_task(
                 task.id,
@@ -309,6 +321,11 @@ class Leases(TrackerBase):
         optional_body=True,
         tag="leases",
         answer=ExpiresBody,
+        tool=Tool(
+            "heartbeat",
+            "Extend the lease on the task this session holds (the lease ends unless it is "
+            "extended, by this or by any other tool on the task).",
+        ),
     )
     def heartbeat(
         self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
@@ -345,6 +362,11 @@ class Leases(TrackerBase):
         trailing=True,
         tag="runs",
         answer=EventIdBody,
+        tool=Tool(
+            "add_event",
+            "Record an event (progress, a note, a result) on the run of the task this session "
+            "holds.",
+        ),
     )
     def append_event(
         self, b: Backend, run_id: str, token_hash: bytes, cmd: AppendEvent, now: int
@@ -403,6 +425,12 @@ class Leases(TrackerBase):
         ),
         trailing=True,
         tag="runs",
+        tool=Tool(
+            "transition_task",
+            "Move the held task along one of its available transitions (claim_task lists them); "
+            "the lease ends.",
+            hide=("expected_stage", "expected_task_version"),
+        ),
     )
     def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
         if lease.run_status != RunStatus.RUNNING:
@@ -451,6 +479,11 @@ class Leases(TrackerBase):
         trailing=True,
         tag="runs",
         answer=said("failed"),
+        tool=Tool(
+            "fail_task",
+            "Fail this attempt at the held task: it is retried later by its policy, or dead-"
+            "lettered (retryable false: at once); the lease ends.",
+        ),
     )
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
         task = b.get_task(lease.task_id)
@@ -460,7 +493,8 @@ class Leases(TrackerBase):
         if not b.end_run(lease.run_id, RunStatus.FAILED, usage, cmd.error, now):
             raise RunNotRunning()  # ended meanwhile (a reaper, a cancel): its end counted
         b.delete_lease(lease.id)
-        self._after_failure(b, task, lease.run_id, b.failed_attempts(task.id), cmd.error, now)
+        failed = b.failed_attempts(task.id)
+        self._after_failure(b, task, lease.run_id, failed, cmd.error, now, cmd.retryable)
 
     @verb(
         "PUT",
@@ -475,6 +509,12 @@ class Leases(TrackerBase):
         trailing=True,
         extra=True,
         tag="runs",
+        tool=Tool(
+            "save_checkpoint",
+            "Merge a JSON object into the held task's checkpoint (RFC 7396: a key set to null is "
+            "removed) and extend the lease. The next agent to claim the task receives the "
+            "checkpoint: save what it needs to resume.",
+        ),
     )
     def checkpoint(
         self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
@@ -500,6 +540,11 @@ class Leases(TrackerBase):
         extra=True,
         optional_body=True,
         tag="runs",
+        tool=Tool(
+            "release_task",
+            "Put the held task down on purpose: claimable again at once, with its checkpoint; not "
+            "a failed attempt. The lease ends.",
+        ),
     )
     def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
         """Put the task down on purpose: claimable again at once, not a failed attempt."""

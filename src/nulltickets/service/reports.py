@@ -25,7 +25,7 @@ from nulltickets.service.base import (
     _page,
     failure_states,
 )
-from nulltickets.service.verbs import Guard, Param, page, paging, verb
+from nulltickets.service.verbs import Guard, Param, Tool, page, paging, verb
 from nulltickets.storage.backend import Backend
 
 
@@ -53,6 +53,10 @@ class Reports(TrackerBase):
             ),
         ),
         tag="operations",
+        tool=Tool(
+            "queue_report",
+            "The queue at a glance: tasks per stage and role, leases near expiry, stuck work.",
+        ),
     )
     def queue_report(self, b: Backend, now: int, near_expiry_ms: int, stuck_ms: int) -> QueueReport:
         roles: dict[str, RoleQueue] = {}

@@ -28,7 +28,7 @@ from nulltickets.service.base import (
     TrackerBase,
     _page,
 )
-from nulltickets.service.verbs import Param, page, verb
+from nulltickets.service.verbs import Param, Tool, page, verb
 from nulltickets.storage.backend import Backend
 
 
@@ -45,6 +45,10 @@ class Store(TrackerBase):
         errors=(e.InvalidJson, e.ReservedNamespace),
         access=Access.AGENT,
         tag="store",
+        tool=Tool(
+            "store_put",
+            "Write a value (any JSON) to the shared store, under a namespace and a key.",
+        ),
     )
     def put_value(self, b: Backend, namespace: str, key: str, cmd: PutValue, now: int) -> None:
         if namespace == RESERVED_NAMESPACE:
@@ -59,6 +63,7 @@ class Store(TrackerBase):
         response=model.StoreEntry,
         errors=(e.NotFound,),
         tag="store",
+        tool=Tool("store_get", "Read a value of the shared store."),
     )
     def get_value(self, b: Backend, namespace: str, key: str) -> StoreEntry:
         entry = b.get_value(namespace, key)
@@ -147,6 +152,7 @@ class Store(TrackerBase):
             Param("filter_value", "Keep values whose filter_path has this text form."),
         ),
         tag="store",
+        tool=Tool("store_search", "Search the shared store's values by words (full-text)."),
     )
     def search(
         self,

@@ -62,7 +62,7 @@ from nulltickets.service.base import (
     _json,
     _page,
 )
-from nulltickets.service.verbs import Param, page, paging, said, verb
+from nulltickets.service.verbs import Param, Tool, page, paging, said, verb
 from nulltickets.storage.backend import Backend
 
 
@@ -86,6 +86,7 @@ class Tasks(TrackerBase):
         access=Access.AGENT,
         tag="tasks",
         answer=IdBody,
+        tool=Tool("create_task", hide=("assigned_by",)),
     )
     def create_task(
         self, b: Backend, cmd: CreateTask, now: int, where: str = "$.retry_policy"
@@ -191,6 +192,7 @@ class Tasks(TrackerBase):
         errors=(e.TaskNotFound,),
         tag="tasks",
         cli="tasks show",
+        tool=Tool("get_task"),
     )
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
         row = b.task_details(task_id)
@@ -262,6 +264,7 @@ class Tasks(TrackerBase):
         tag="tasks",
         answer=page,
         cli="tasks list",
+        tool=Tool("list_tasks"),
     )
     def list_tasks(
         self,

@@ -20,6 +20,7 @@ from nulltickets.domain.model import (
     Access,
     ClaimResult,
     FeedEvent,
+    HeldLease,
     KeyInfo,
     LeaseRow,
 )
@@ -47,7 +48,7 @@ from nulltickets.service.keys import (
     _speaking,
 )
 from nulltickets.service.tracker import Tracker
-from nulltickets.service.verbs import Arg, Kind, Verb, verb
+from nulltickets.service.verbs import Arg, Kind, Tool, Verb, verb
 from nulltickets.service.wakeups import Wakeups
 from nulltickets.storage.backend import Backend, StageBoardRow
 from nulltickets.storage.ports import Database, StorageStats
@@ -230,6 +231,7 @@ class Service:
         access=Access.AGENT,
         tag="leases",
         custom=True,  # the long poll (http/handlers.py)
+        tool=Tool("claim_task"),
     )
     async def claim(self, cmd: Claim, idem: Idem | None = None) -> Answer:
         """One attempt to claim (a long poll repeats it while its role's wake-ups come)."""
@@ -324,6 +326,10 @@ class Service:
         finally:
             self.keys.unexpect(key_id, heard)
         return answer
+
+    async def held_by(self, agent_id: str) -> HeldLease | None:
+        """The lease `agent_id` holds (an MCP session's current task), if any."""
+        return await self._read(lambda b: b.held_by_agent(agent_id))
 
     async def authenticate(self, key: str) -> KeyInfo | None:
         """The key a bearer presents, or None when it is not a (live) key."""

@@ -65,6 +65,19 @@ class Kind(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Tool:
+    """The verb as a tool of the MCP server (`nulltickets.mcp`). A verb under a lease is a tool
+    on the session's current lease: the run or lease in its path and the body's
+    `expected_fence` come from the lease the session holds, so a lease token never enters the
+    model's context. `hide`: request fields the tool does not offer. `description`: what the
+    model reads (the verb's summary when empty)."""
+
+    name: str
+    description: str = ""
+    hide: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Param:
     """A query parameter of a verb."""
 
@@ -129,6 +142,7 @@ class Verb:
     surfaces: frozenset[Surface] = frozenset({Surface.HTTP, Surface.CLIENT})
     client: str = ""  # the clients' name for it (default: `name`)
     cli: str = ""  # the command that calls it, e.g. "tasks list"
+    tool: Tool | None = None  # the MCP server's tool for it
     custom: bool = False  # HTTP answers it with a handler of its own (long-poll, ...)
     plan: tuple[tuple[Arg, Any, str | None], ...] = field(default=(), compare=False)
 
@@ -182,6 +196,8 @@ def verb(method: str, path: str, summary: str, **declared: Any) -> Callable[[F],
         surfaces = set(declared.pop("surfaces", (Surface.HTTP, Surface.CLIENT)))
         if declared.get("cli"):
             surfaces.add(Surface.CLI)
+        if declared.get("tool") is not None:
+            surfaces.add(Surface.MCP)
         declared["surfaces"] = frozenset(surfaces)
         made = Verb(name, method, path, summary, fn, **declared)
         object.__setattr__(made, "plan", _plan(made))

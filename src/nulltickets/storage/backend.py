@@ -34,6 +34,7 @@ from nulltickets.domain.model import (
     Failure,
     FailureGroup,
     FeedEvent,
+    HeldLease,
     KeyInfo,
     LeaseRow,
     NamespaceSummary,
@@ -366,6 +367,14 @@ class Backend:
 
     def leases_of_agent(self, agent_id: str) -> list[str]:
         return [r[0] for r in self._all("leases_of_agent", {"agent_id": agent_id})]
+
+    def held_by_agent(self, agent_id: str) -> HeldLease | None:
+        """The lease `agent_id` holds (the latest to expire, should it hold more), expired
+        or not: the verbs under it say which."""
+        row = self._one("held_by_agent", {"agent_id": agent_id})
+        if row is None:
+            return None
+        return HeldLease(row[0], row[1], row[2], bytes(row[3]), int(row[4]), int(row[5]))
 
     def dependent_stages(self, id: str) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._all("dependent_stages", {"id": id})]

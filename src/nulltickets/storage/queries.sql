@@ -44,6 +44,15 @@ SELECT t.fence FROM runs AS r JOIN tasks AS t ON t.id = r.task_id WHERE r.lease_
 -- leases_of_agent --
 SELECT l.run_id FROM leases AS l WHERE l.agent_id = :agent_id ORDER BY l.expires_at_ms;
 
+-- held_by_agent --
+-- The lease an agent holds (an MCP session's current lease): the latest to expire.
+SELECT l.id, l.run_id, r.task_id, l.token_hash, l.fence, l.expires_at_ms
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+WHERE l.agent_id = :agent_id
+ORDER BY l.expires_at_ms DESC
+LIMIT 1;
+
 -- dependent_stages --
 -- (pipeline, stage) of each task waiting on this one, once per task: who may be able to claim
 -- once it is done (each is a wake-up of its own).

@@ -1,0 +1,149 @@
+"""`nulltickets mcp`: the tools on stdio, for agents that start their tools as processes.
+
+The process is a client of a server's HTTP API (`--base`, `--key`). It is the session: the
+lease it claims lives in its memory only, its token never leaves it, and while it holds one it
+extends it in the background (every third of its time to live), so an agent that thinks for
+long between tool calls keeps its task. When stdin closes (the agent's session ended cleanly)
+it releases the task, claimable at once with its checkpoint; killed, it lets the lease expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import msgspec
+
+from nulltickets.client import AsyncClient
+from nulltickets.client.calls import ApiError, Calls
+from nulltickets.domain.model import Access
+from nulltickets.domain.tokens import lease_token_hash
+from nulltickets.mcp import server, tools
+from nulltickets.mcp.tools import Held, ToolError
+from nulltickets.service.verbs import Verb
+
+MAX_POLL_MS = 30_000  # the server holds one long poll at most this long
+HEARTBEAT_MIN_S = 1.0
+
+
+class RemotePort:
+    """A session of its own, carried out over the server's HTTP API."""
+
+    def __init__(self, api: AsyncClient, agent_id: str, role: str | None = None) -> None:
+        self.api = api
+        self.agent_id = agent_id
+        self.default_role = role
+        self._held: Held | None = None
+        self._ttl_ms: int | None = None
+        self.beat: asyncio.Event = asyncio.Event()  # a new lease to keep alive
+
+    async def claim(self, role: str, wait_s: float, lease_ttl_ms: int | None) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            left_ms = max(0, int((deadline - loop.time()) * 1000))
+            call = Calls.claim(
+                self.agent_id,
+                role,
+                lease_ttl_ms=lease_ttl_ms,
+                wait_ms=min(left_ms, MAX_POLL_MS) or None,
+            )
+            claimed = await self.api.run(call)
+            if claimed is not None:
+                token = claimed.lease_token
+                self._held = Held(
+                    claimed.lease_id,
+                    claimed.run.id,
+                    claimed.task.id,
+                    claimed.fence,
+                    token,
+                    lease_token_hash(token),
+                )
+                started = claimed.run.started_at_ms or claimed.expires_at_ms
+                self._ttl_ms = max(1_000, claimed.expires_at_ms - started)
+                self.beat.set()
+                return _builtins(claimed)
+            if loop.time() >= deadline:
+                return None
+
+    async def call(
+        self, v: Verb, path: list[str], query: Mapping[str, str], body: bytes, held: Held | None
+    ) -> Any:
+        keyed = v.method != "GET" and v.idempotency_key
+        bearer = held.token if held is not None else None
+        call = Calls.of_verb(
+            v.method, v.path, path, query, body or None, bearer=bearer, keyed=keyed
+        )
+        try:
+            return await self.api.run(call)
+        except ApiError as exc:
+            if held is not None and exc.lease_lost:
+                self._held = None  # expired, superseded, cancelled: nothing to act on now
+            raise
+
+    async def held(self) -> Held | None:
+        return self._held
+
+    def let_go(self) -> None:
+        self._held = None
+
+    def may(self, needed: Access) -> bool:
+        return True  # the server refuses what the key may not do, with a clear error
+
+    async def keep_alive(self) -> None:
+        """Extend the held lease every third of its time to live while the session lives."""
+        while True:
+            await self.beat.wait()
+            self.beat.clear()
+            while (held := self._held) is not None and self._ttl_ms is not None:
+                await asyncio.sleep(max(HEARTBEAT_MIN_S, self._ttl_ms / 3000))
+                if self._held is not held:
+                    break
+                with contextlib.suppress(ApiError, OSError, ToolError):
+                    await tools.call(self, "heartbeat", {})
+
+    async def release(self, reason: str) -> None:
+        """Put the held task down (the session ends), if it still holds one."""
+        if self._held is None:
+            return
+        with contextlib.suppress(ApiError, OSError, ToolError):
+            await tools.call(self, "release_task", {"reason": reason})
+
+
+def _builtins(value: Any) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+def default_agent_id() -> str:
+    return f"mcp-{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(base_url: str, key: str | None, agent_id: str, role: str | None) -> None:
+    """Serve the tools on stdin and stdout until stdin closes; then release the held task."""
+    from mcp.server.stdio import stdio_server
+
+    mcp_server = server.build()
+    async with AsyncClient(base_url, token=key) as api:
+        port = RemotePort(api, agent_id, role)
+        server.PORT.set(port)
+        beats = asyncio.get_running_loop().create_task(port.keep_alive())
+        try:
+            async with stdio_server() as (read, write):
+                await mcp_server.run(read, write, mcp_server.create_initialization_options())
+        finally:
+            beats.cancel()
+            with anyio.CancelScope(shield=True):
+                await port.release("the MCP session ended")
+
+
+def main(base_url: str, key: str | None, agent_id: str | None, role: str | None) -> int:
+    try:
+        asyncio.run(serve(base_url, key, agent_id or default_agent_id(), role))
+    except KeyboardInterrupt:
+        return 130
+    return 0
