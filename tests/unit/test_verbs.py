@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from nulltickets import cli
 from nulltickets.client import AsyncClient, Calls, Client
 from nulltickets.client import generate as client_generate
+from nulltickets.domain.model import Access
 from nulltickets.http import handlers
 from nulltickets.http.routes import ROUTES
+from nulltickets.mcp import tools
 from nulltickets.service import VERBS
 from nulltickets.service.verbs import Guard, Surface, Verb, declared
 from tests.unit.test_client import SAMPLES, _segments
@@ -106,9 +110,53 @@ def test_a_cli_verb_has_its_command(v: Verb) -> None:
     assert v.cli in _commands(cli._parser()), f"{v.name}: no command `nulltickets {v.cli}`"
 
 
-def test_no_verb_declares_a_surface_that_does_not_exist_yet() -> None:
-    """No MCP server yet: a verb that declared it would lack it."""
-    assert [v.name for v in declared(Surface.MCP)] == []
+# Verbs for agents that are not tools, and why. Anything else an agent key may call, and every
+# write under a lease, must be one: an agent reaches the tracker through its tools.
+NOT_TOOLS = {
+    "create_tasks": "many tasks at once is for programs; create_task is the tool",
+    "ingest_traces": "OTLP protobuf, sent by tracing libraries, never by a model",
+}
+
+
+def _for_agents(v: Verb) -> bool:
+    return v.needs is Access.AGENT or (v.guard is Guard.LEASE and v.write)
+
+
+@pytest.mark.parametrize("v", [v for v in ALL if _for_agents(v)], ids=lambda v: v.name)
+def test_a_verb_for_agents_has_its_tool(v: Verb) -> None:
+    if v.name in NOT_TOOLS:
+        assert v.tool is None, f"{v.name} is a tool now: take it out of NOT_TOOLS"
+        return
+    assert v.tool is not None, f"{v.name} is for agents and declares no MCP tool"
+    assert Surface.MCP in v.surfaces
+    assert v.tool.name in tools.specs()
+
+
+def test_every_tool_has_a_valid_object_schema_and_a_distinct_name() -> None:
+    specs = tools.specs()
+    assert len(specs) == len(list(declared(Surface.MCP)))
+    for spec in specs.values():
+        assert re.fullmatch(r"[a-z][a-z_]{1,63}", spec.name), spec.name
+        Draft202012Validator.check_schema(spec.schema)
+        assert spec.schema["type"] == "object", spec.name
+        assert spec.description.strip(), spec.name
+
+
+def test_a_tool_on_the_lease_asks_for_no_lease_run_or_fence() -> None:
+    """The session supplies them: a model never sees, nor passes on, a lease."""
+    on_lease = [s for s in tools.specs().values() if s.on_lease]
+    assert {s.name for s in on_lease} >= {"heartbeat", "save_checkpoint", "transition_task"}
+    for spec in on_lease:
+        asked = set(spec.schema["properties"])
+        assert not asked & {"id", "lease_id", "run_id", "expected_fence", "lease_token"}, spec.name
+
+
+def test_the_agent_loop_comes_first_and_untrusted_fields_are_named() -> None:
+    names = list(tools.specs())
+    assert names[: len(tools.LOOP)] == list(tools.LOOP)
+    described = tools.specs()["claim_task"].description
+    assert "untrusted" in described.lower() and "description" in described
+    assert "untrusted" in tools.specs()["store_get"].description.lower()
 
 
 def test_lease_verbs_take_the_lease_token_and_the_others_a_key_or_nothing() -> None:

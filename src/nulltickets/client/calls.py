@@ -236,35 +236,35 @@ def _struct_body(value: msgspec.Struct | Mapping[str, Any]) -> Any:
     return dict(value)
 
 
+def verb_call(
+    method: str,
+    path: str,
+    params: list[str],
+    query: Mapping[str, str],
+    body: bytes | None,
+    *,
+    bearer: str | None = None,
+    keyed: bool = False,
+) -> Call[Any]:
+    """A call of a verb of the table by its declaration (the MCP server's tools make
+    theirs so): `path` its pattern, `params` the values of its parameters in order. Its
+    answer is JSON, or None when empty."""
+    values = iter(params)
+    target = "/".join(
+        _seg(next(values)) if part.startswith("{") else part for part in path.split("/")
+    )
+    if query:
+        target = f"{target}?{urllib.parse.urlencode(list(query.items()))}"
+
+    def answer(status: int, payload: bytes) -> Any:
+        return json.loads(payload) if payload else None
+
+    write = method != "GET"
+    return Call(method, target, answer, body, bearer=bearer, repeatable=not write, keyed=keyed)
+
+
 class Calls:
     """Every operation of the API as a `Call`: the one place that knows paths and bodies."""
-
-    @staticmethod
-    def of_verb(
-        method: str,
-        path: str,
-        params: list[str],
-        query: Mapping[str, str],
-        body: bytes | None,
-        *,
-        bearer: str | None = None,
-        keyed: bool = False,
-    ) -> Call[Any]:
-        """A call of a verb of the table by its declaration (the MCP server's tools make
-        theirs so): `path` its pattern, `params` the values of its parameters in order. Its
-        answer is JSON, or None when empty."""
-        values = iter(params)
-        target = "/".join(
-            _seg(next(values)) if part.startswith("{") else part for part in path.split("/")
-        )
-        if query:
-            target = f"{target}?{urllib.parse.urlencode(list(query.items()))}"
-
-        def answer(status: int, payload: bytes) -> Any:
-            return json.loads(payload) if payload else None
-
-        write = method != "GET"
-        return Call(method, target, answer, body, bearer=bearer, repeatable=not write, keyed=keyed)
 
     # --- discovery -----------------------------------------------------------------------------
 

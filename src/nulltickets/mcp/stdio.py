@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from nulltickets.client import AsyncClient
-from nulltickets.client.calls import ApiError, Calls
+from nulltickets.client.calls import ApiError, Calls, verb_call
 from nulltickets.domain.model import Access
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.mcp import server, tools
@@ -76,9 +76,7 @@ class RemotePort:
     ) -> Any:
         keyed = v.method != "GET" and v.idempotency_key
         bearer = held.token if held is not None else None
-        call = Calls.of_verb(
-            v.method, v.path, path, query, body or None, bearer=bearer, keyed=keyed
-        )
+        call = verb_call(v.method, v.path, path, query, body or None, bearer=bearer, keyed=keyed)
         try:
             return await self.api.run(call)
         except ApiError as exc:

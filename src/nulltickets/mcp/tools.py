@@ -126,16 +126,25 @@ class Spec:
         return self.verb.name in ("transition", "fail", "release")
 
 
+# The agent loop first, in the order an agent uses it; the other tools after, by name.
+LOOP = (
+    "claim_task",
+    "heartbeat",
+    "save_checkpoint",
+    "add_event",
+    "transition_task",
+    "fail_task",
+    "release_task",
+)
+
+
 @functools.cache
 def specs() -> dict[str, Spec]:
-    """Every tool of the table, by name."""
-    made = {}
-    for v in VERBS.values():
-        if v.tool is None:
-            continue
-        spec = _claim_spec(v) if v.name == "claim" else _spec(v)
-        made[spec.name] = spec
-    return made
+    """Every tool of the table, by name: the agent loop first."""
+    made = [_claim_spec(v) if v.name == "claim" else _spec(v) for v in VERBS.values() if v.tool]
+    rank = {name: i for i, name in enumerate(LOOP)}
+    made.sort(key=lambda s: (rank.get(s.name, len(LOOP)), s.name))
+    return {s.name: s for s in made}
 
 
 def offered(port: Port) -> list[Spec]:
@@ -226,7 +235,7 @@ def _untrusted_note(text: str, v: Verb) -> str:
 def _untrusted_in(kind: Any) -> set[str]:
     if kind is None:
         return set()
-    _, defs = _schema(kind)
+    _, defs = _components(kind)
     names: set[str] = set()
     for schema in defs.values():
         names |= UNTRUSTED & set(schema.get("properties", {}))

@@ -27,7 +27,7 @@ from nulltickets.service.base import (
     TrackerBase,
     _page,
 )
-from nulltickets.service.verbs import Param, page, paging, verb
+from nulltickets.service.verbs import Param, Tool, page, paging, verb
 from nulltickets.storage.backend import Backend
 
 
@@ -45,6 +45,11 @@ class Artifacts(TrackerBase):
         access=Access.AGENT,
         tag="artifacts",
         answer=IdBody,
+        tool=Tool(
+            "add_artifact",
+            "Record something the work produced (a pull request, a file, a report) by its URI, "
+            "for a task or a run.",
+        ),
     )
     def create_artifact(self, b: Backend, cmd: CreateArtifact, now: int) -> str:
         if cmd.task_id is not None and not b.task_exists(cmd.task_id):

@@ -79,6 +79,7 @@ class Store(TrackerBase):
         status=204,
         access=Access.AGENT,
         tag="store",
+        tool=Tool("store_delete", "Delete a value of the shared store."),
     )
     def delete_value(self, b: Backend, namespace: str, key: str) -> None:
         b.delete_value(namespace, key)
