@@ -82,8 +82,12 @@ def work(admin: Api, title: str = "") -> tuple[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def over_http(server: Server, key: str | None) -> AsyncIterator[Client]:
+async def over_http(
+    server: Server, key: str | None, session: str | None = None
+) -> AsyncIterator[Client]:
     headers = {"authorization": f"Bearer {key}"} if key else {}
+    if session is not None:
+        headers["nulltickets-session"] = session
     async with httpx2.AsyncClient(headers=headers, timeout=80) as http:
         transport = streamable_http_client(f"{server.base}/mcp", http_client=http)
         async with Client(transport) as client:
@@ -283,6 +287,45 @@ def test_no_key_a_wrong_key_or_a_key_for_another_role_is_refused(
     assert "claim_task" not in names and "store_put" not in names
     assert {"get_task", "list_tasks", "store_get", "queue_report"} <= set(names)
     assert not_allowed["is_error"] and not_allowed["error"]["code"] == "forbidden"
+
+
+def test_named_sessions_of_one_key_hold_a_task_each(secured: Server, admin: Api) -> None:
+    role, first = work(admin)
+    pipeline = admin.get(f"/tasks/{first}").json["pipeline_id"]
+    second = admin.post("/tasks", {"pipeline_id": pipeline, "title": "t2", "description": ""})
+    key = new_key(admin, "agent", [role])
+    seen: list[str] = []
+
+    async def sessions() -> list[Any]:
+        async with (
+            over_http(secured, key, "left") as left,
+            over_http(secured, key, "right") as right,
+        ):
+            a = await call(left, "claim_task", seen)
+            b = await call(right, "claim_task", seen)
+            done = await call(right, "transition_task", seen, trigger="complete")
+            still = await call(left, "heartbeat", seen)
+            return [a, b, done, still]
+
+    a, b, done, still = asyncio.run(sessions())
+    assert {a["task"]["id"], b["task"]["id"]} == {first, second.json["id"]}
+    assert done["new_stage"] == "done" and still["expires_at_ms"] > 0
+    bad = secured.client(key).request(
+        "POST", "/mcp", {}, headers={"nulltickets-session": "no spaces"}
+    )
+    assert bad.status == 400 and bad.json["error"]["code"] == "invalid_request"
+
+
+def test_a_page_of_another_origin_is_refused(secured: Server, admin: Api) -> None:
+    key = new_key(admin, "agent", [unique("coder")])
+    page = secured.client(key).request(
+        "POST",
+        "/mcp",
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"origin": "https://evil.example", "sec-fetch-site": "cross-site"},
+    )
+    assert page.status == 403, page.body
+    assert page.json["error"]["code"] == "forbidden"
 
 
 def test_task_text_comes_back_as_untrusted_content(secured: Server, admin: Api) -> None:

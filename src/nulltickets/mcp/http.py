@@ -9,7 +9,9 @@ The session is the key. A request carries no state of its own: the SDK serves it
 with one JSON answer, so any server of a PostgreSQL tracker answers any request. The task a
 key's session holds is the lease its agent id (`mcp-<key id>`, `mcp-token` for the server's
 token, `mcp` on a server without one) holds in the database: whichever server a tool call
-reaches finds it there. One key, one session: give each agent a key of its own.
+reaches finds it there. One key, one session: give each agent a key of its own, or name the
+session with the `Nulltickets-Session` header (agent id `mcp-<key id>-<name>`): a key only
+ever reaches its own sessions.
 
 The SDK is an ASGI application; granian serves RSGI. The route hands the request over as ASGI
 and sends back what the SDK answered. The SDK is imported when the first request comes.
@@ -18,6 +20,7 @@ and sends back what the SDK answered. The SDK is imported when the first request
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +28,7 @@ import msgspec
 
 from nulltickets.domain.commands import Claim
 from nulltickets.domain.model import Access, allows
+from nulltickets.errors import InvalidRequest
 from nulltickets.http import access
 from nulltickets.http.access import Principal
 from nulltickets.http.context import Context
@@ -42,10 +46,12 @@ PATH = "/mcp"
 class LocalPort:
     """A key's session, carried out by this server's own service."""
 
-    def __init__(self, service: Service, principal: Principal | None, keyed: bool) -> None:
+    def __init__(
+        self, service: Service, principal: Principal | None, keyed: bool, name: str | None = None
+    ) -> None:
         self.service = service
         self.principal = principal
-        self.agent_id = agent_id_of(principal, keyed)
+        self.agent_id = agent_id_of(principal, keyed, name)
         self.default_role: str | None = None
         if principal is not None and principal.roles is not None and len(principal.roles) == 1:
             (self.default_role,) = principal.roles
@@ -88,11 +94,17 @@ class LocalPort:
         return self.principal is None or allows(self.principal.access, needed)
 
 
-def agent_id_of(principal: Principal | None, keyed: bool) -> str:
-    """The agent id a key's session claims as."""
+SESSION_HEADER = "nulltickets-session"
+SESSION_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def agent_id_of(principal: Principal | None, keyed: bool, name: str | None = None) -> str:
+    """The agent id a key's session claims as: the key's, and the session's name if given."""
     if principal is None or not keyed:
-        return "mcp"
-    return f"mcp-{principal.key_id}" if principal.key_id is not None else "mcp-token"
+        base = "mcp"
+    else:
+        base = f"mcp-{principal.key_id}" if principal.key_id is not None else "mcp-token"
+    return f"{base}-{name}" if name else base
 
 
 class Bridge:
@@ -112,6 +124,8 @@ class Bridge:
         return self._manager
 
     async def _run(self, started: asyncio.Future[None]) -> None:
+        # The SDK takes a second or more to import: off the event loop, which goes on serving.
+        await asyncio.to_thread(_import_sdk)
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
 
@@ -132,11 +146,18 @@ class Bridge:
         except BaseException as exc:
             if not started.done():
                 started.set_exception(exc)
+                self._started = None  # the next request tries again
             raise
 
     def close(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
+
+
+def _import_sdk() -> None:
+    import mcp.server.streamable_http_manager  # noqa: F401
+
+    import nulltickets.mcp.server  # noqa: F401
 
 
 async def handle(ctx: Context, req: Request) -> WebReply:
@@ -146,8 +167,11 @@ async def handle(ctx: Context, req: Request) -> WebReply:
     bridge = ctx.mcp
     if bridge is None:
         bridge = ctx.mcp = Bridge()
+    name = req.header(SESSION_HEADER)
+    if name is not None and not SESSION_NAME.fullmatch(name):
+        raise InvalidRequest(f"{SESSION_HEADER} must be 1 to 64 letters, digits, '.', '_' or '-'")
     manager = await bridge.manager()
-    port = LocalPort(ctx.service, req.principal, ctx.admin_token is not None)
+    port = LocalPort(ctx.service, req.principal, ctx.admin_token is not None, name)
     answered: dict[str, Any] = {"status": 500, "headers": [], "body": []}
 
     async def receive() -> dict[str, Any]:
