@@ -48,8 +48,9 @@ DYNAMIC_IMPORTS = {
 }
 
 # Never part of the server. `cython`: a pure-Python-mode module's `import cython` would pull in
-# the whole Cython compiler. The rest are granian's optional extras (anyio, dotenv, setproctitle,
+# the whole Cython compiler. The rest are granian's optional extras (dotenv, setproctitle,
 # watchfiles, rloop, winloop), development tools, and stdlib modules the server never uses.
+# (anyio and pydantic are the MCP SDK's own: `nulltickets mcp` and /mcp need them.)
 NOFOLLOW = [
     "cython",
     "Cython",
@@ -64,13 +65,11 @@ NOFOLLOW = [
     "pip",
     "distutils",
     "nuitka",
-    "anyio",
     "dotenv",
     "setproctitle",
     "watchfiles",
     "rloop",
     "winloop",
-    "pydantic",
     "yaml",  # msgspec.yaml imports it only when used, and we never do; attrs likewise
     "attr",
     "attrs",

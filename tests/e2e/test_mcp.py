@@ -17,7 +17,6 @@ import contextlib
 import os
 import re
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from nulltickets.mcp import tools
 from tests.conftest import module_server, server_dsn, unique, wait_for
 from tests.pgserver import PostgresServer
 from tests.server import Client as Api
-from tests.server import Server, descendants
+from tests.server import Server, descendants, server_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
@@ -97,8 +96,9 @@ async def over_http(
 def stdio_params(server: Server, key: str, *extra: str) -> StdioServerParameters:
     env = {**os.environ, "NULLTICKETS_KEY": key}
     env.pop("NULLTICKETS_TOKEN", None)
-    args = ["-m", "nulltickets", "mcp", "--base", server.base, *extra]
-    return StdioServerParameters(command=sys.executable, args=args, env=env)
+    command, *args = server_command()  # the standalone binary under make test-binary
+    args += ["mcp", "--base", server.base, *extra]
+    return StdioServerParameters(command=command, args=args, env=env)
 
 
 async def call(client: Client, name: str, seen: list[str], **arguments: Any) -> Any:
@@ -287,6 +287,57 @@ def test_no_key_a_wrong_key_or_a_key_for_another_role_is_refused(
     assert "claim_task" not in names and "store_put" not in names
     assert {"get_task", "list_tasks", "store_get", "queue_report"} <= set(names)
     assert not_allowed["is_error"] and not_allowed["error"]["code"] == "forbidden"
+
+
+def test_every_tool_answers_through_the_table(secured: Server, admin: Api) -> None:
+    """The tools that are not the agent loop: their path, query and body come from the verb's
+    declaration, and so do their answers."""
+    role, task_id = work(admin)
+    pipeline = admin.get(f"/tasks/{task_id}").json["pipeline_id"]
+    key = new_key(admin, "agent", [role])
+    namespace = unique("ns")
+    seen: list[str] = []
+
+    async def session() -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        async with over_http(secured, key) as client:
+            got["create"] = await call(
+                client, "create_task", seen, pipeline_id=pipeline, title="more", description="x"
+            )
+            got["get"] = await call(client, "get_task", seen, id=task_id)
+            got["list"] = await call(client, "list_tasks", seen, pipeline_id=pipeline, limit=10)
+            got["put"] = await call(
+                client, "store_put", seen, namespace=namespace, key="a/b", value={"w": "zebra"}
+            )
+            got["read"] = await call(client, "store_get", seen, namespace=namespace, key="a/b")
+            got["search"] = await call(client, "store_search", seen, q="zebra", namespace=namespace)
+            got["artifact"] = await call(
+                client,
+                "add_artifact",
+                seen,
+                kind="pr",
+                uri="https://example.com/1",
+                task_id=task_id,
+            )
+            got["delete"] = await call(client, "store_delete", seen, namespace=namespace, key="a/b")
+            got["queue"] = await call(client, "queue_report", seen)
+            got["unknown"] = await call(client, "get_task", seen, id=task_id, extra=1)
+            got["missing"] = await call(client, "get_task", seen, id="no-such-task")
+        return got
+
+    got = asyncio.run(session())
+    made = got["create"]["id"]
+    assert got["get"]["id"] == task_id and got["get"]["title"]
+    assert {t["id"] for t in got["list"]["items"]} == {task_id, made}
+    assert got["read"]["value"] == {"w": "zebra"}
+    assert [e["key"] for e in got["search"]["result"]] == ["a/b"]
+    assert got["artifact"]["id"]
+    assert admin.get(f"/store/{namespace}/a/b").status == 404  # deleted
+    mine = [r for r in got["queue"]["roles"] if r["role"] == role]
+    assert [r["claimable_count"] for r in mine] == [2]
+    assert got["unknown"]["is_error"] and got["unknown"]["error"]["code"] == "invalid_request"
+    assert got["missing"]["is_error"] and got["missing"]["error"]["code"] == "task_not_found"
+    no_lease_token_in(seen)
 
 
 def test_named_sessions_of_one_key_hold_a_task_each(secured: Server, admin: Api) -> None:
