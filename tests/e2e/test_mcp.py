@@ -217,6 +217,29 @@ def test_a_session_that_ends_cleanly_releases_its_task_at_once(secured: Server, 
     no_lease_token_in(seen)
 
 
+def test_a_stdio_session_keeps_its_lease_alive_while_the_agent_thinks(
+    secured: Server, admin: Api
+) -> None:
+    """No tool call for well past the lease's time to live: the process extends it itself."""
+    role, task_id = work(admin)
+    key = new_key(admin, "agent", [role])
+    seen: list[str] = []
+
+    async def session() -> list[Any]:
+        async with Client(stdio_params(secured, key)) as client:
+            claimed = await call(client, "claim_task", seen, role=role, lease_ttl_ms=1500)
+            await asyncio.sleep(4.5)  # three times the lease's time to live
+            saved = await call(client, "save_checkpoint", seen, checkpoint={"still": "mine"})
+            moved = await call(client, "transition_task", seen, trigger="complete")
+            return [claimed, saved, moved]
+
+    claimed, saved, moved = asyncio.run(session())
+    assert claimed["attempt"] == 1
+    assert saved["checkpoint"] == {"still": "mine"} and moved["new_stage"] == "done"
+    runs = admin.get(f"/tasks/{task_id}/runs").json["items"]
+    assert [r["status"] for r in runs] == ["completed"]
+
+
 def test_over_http_the_session_is_the_key_whatever_the_connection(
     secured: Server, admin: Api
 ) -> None:
