@@ -272,6 +272,28 @@ def test_over_http_the_session_is_the_key_whatever_the_connection(
     no_lease_token_in(seen)
 
 
+def test_over_http_an_expired_lease_is_no_longer_the_sessions_task(
+    secured: Server, admin: Api
+) -> None:
+    role, task_id = work(admin)
+    key = new_key(admin, "agent", [role])
+    seen: list[str] = []
+
+    async def session() -> list[Any]:
+        async with over_http(secured, key) as client:
+            first = await call(client, "claim_task", seen, lease_ttl_ms=500)
+            await asyncio.sleep(1.0)
+            gone = await call(client, "save_checkpoint", seen, checkpoint={"late": True})
+            again = await call(client, "claim_task", seen, wait_seconds=10)
+            return [first, gone, again]
+
+    first, gone, again = asyncio.run(session())
+    assert first["attempt"] == 1
+    assert gone["is_error"] and gone["error"]["code"] == "no_task_held"
+    assert again["claimed"] and again["task"]["id"] == task_id and again["attempt"] == 2
+    assert again["task"]["checkpoint"] is None  # the late write never landed
+
+
 def test_no_key_a_wrong_key_or_a_key_for_another_role_is_refused(
     secured: Server, admin: Api
 ) -> None:

@@ -83,8 +83,8 @@ class LocalPort:
 
     async def held(self) -> Held | None:
         lease = await self.service.held_by(self.agent_id)
-        if lease is None:
-            return None
+        if lease is None or lease.expires_at_ms <= self.service.clock():
+            return None  # an expired lease is no longer the session's, reaped or not
         return Held(lease.id, lease.run_id, lease.task_id, lease.fence, token_hash=lease.token_hash)
 
     def let_go(self) -> None:
