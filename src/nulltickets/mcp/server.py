@@ -6,6 +6,7 @@ HTTP request differs from one request to the next) or once (stdio)."""
 from __future__ import annotations
 
 import contextvars
+import logging
 from typing import Any
 
 import mcp_types as types
@@ -14,6 +15,8 @@ from mcp.server.lowlevel import Server
 from nulltickets import __version__
 from nulltickets.mcp import tools
 from nulltickets.mcp.tools import Port, ToolError
+
+log = logging.getLogger("nulltickets")
 
 PORT: contextvars.ContextVar[Port] = contextvars.ContextVar("nulltickets_mcp_port")
 
@@ -47,15 +50,21 @@ def build() -> Server[Any]:
         try:
             answer = await tools.call(port, params.name, params.arguments)
         except ToolError as exc:
-            return types.CallToolResult(
-                content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
-                structured_content={"error": {"code": exc.code, "message": exc.message}},
-                is_error=True,
-            )
+            return _error(exc)
+        except Exception as exc:  # a bug of ours: one line in the log, never a traceback out
+            log.error("tool %s failed: %s: %s", params.name, type(exc).__name__, exc)
+            return _error(ToolError("internal_error", f"{params.name} failed unexpectedly"))
         structured = answer if isinstance(answer, dict) else {"result": answer}
         return types.CallToolResult(
             content=[types.TextContent(text=tools.present(answer))],
             structured_content=structured,
+        )
+
+    def _error(exc: ToolError) -> types.CallToolResult:
+        return types.CallToolResult(
+            content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
+            structured_content={"error": {"code": exc.code, "message": exc.message}},
+            is_error=True,
         )
 
     return Server(

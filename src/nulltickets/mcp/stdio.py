@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from nulltickets.client import AsyncClient
-from nulltickets.client.calls import ApiError, Calls, verb_call
+from nulltickets.client.calls import ApiError, Calls, Retry, verb_call
 from nulltickets.domain.model import Access
 from nulltickets.domain.tokens import lease_token_hash
 from nulltickets.mcp import server, tools
@@ -28,6 +28,9 @@ from nulltickets.mcp.tools import Held, ToolError
 from nulltickets.service.verbs import Verb
 
 MAX_POLL_MS = 30_000  # the server holds one long poll at most this long
+# A tool call gives up on an unreachable server after this long (clients time tools out near
+# 60 s; a claim may wait 50 s of its own first).
+RETRY = Retry(timeout=8.0)
 HEARTBEAT_MIN_S = 1.0
 
 
@@ -126,7 +129,7 @@ async def serve(base_url: str, key: str | None, agent_id: str, role: str | None)
     from mcp.server.stdio import stdio_server
 
     mcp_server = server.build()
-    async with AsyncClient(base_url, token=key) as api:
+    async with AsyncClient(base_url, token=key, retry=RETRY) as api:
         port = RemotePort(api, agent_id, role)
         server.PORT.set(port)
         beats = asyncio.get_running_loop().create_task(port.keep_alive())

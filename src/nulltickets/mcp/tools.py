@@ -277,6 +277,8 @@ async def call(port: Port, name: str, arguments: Mapping[str, Any] | None) -> An
         raise ToolError(exc.code, exc.message) from None
     except TrackerError as exc:
         raise ToolError(exc.code, exc.message) from None
+    except (ConnectionError, TimeoutError, OSError) as exc:  # the server, over HTTP
+        raise ToolError("unreachable", f"the server could not be reached: {exc}") from None
 
 
 async def _claim(port: Port, args: dict[str, Any]) -> Any:
