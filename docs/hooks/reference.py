@@ -89,6 +89,8 @@ def render_api(document: bytes) -> str:
     out += ["## Schemas", ""]
     for name, schema in doc["components"]["schemas"].items():
         out += [f"### {name} {{#schema-{name.lower()}}}", ""]
+        if schema.get("description"):  # the type's docstring: what its fields mean together
+            out += [" ".join(schema["description"].split()), ""]
         props = schema.get("properties")
         if not props:
             out += [f"{_schema_type(schema)}.", ""]
