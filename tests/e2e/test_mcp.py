@@ -240,6 +240,42 @@ def test_a_stdio_session_keeps_its_lease_alive_while_the_agent_thinks(
     assert [r["status"] for r in runs] == ["completed"]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_releases_the_task_and_ends_the_process(
+    secured: Server, admin: Api, signum: signal.Signals
+) -> None:
+    """A supervisor's SIGTERM, a person's Ctrl-C: the session is stopped on purpose, so its
+    task is put down at once (not left to expire), and the process is gone, whatever its
+    stdin."""
+    role, task_id = work(admin)
+    key = new_key(admin, "agent", [role])
+    seen: list[str] = []
+    stopped: list[int] = []
+
+    async def session() -> None:
+        async with Client(stdio_params(secured, key)) as client:
+            await call(client, "claim_task", seen, role=role, lease_ttl_ms=600_000)
+            mine = [p for p in descendants(os.getpid()) if b"\0mcp\0" in _cmdline(p)]
+            stopped.extend(mine)
+            os.kill(mine[0], signum)  # the first: the binary's bootstrap forwards it
+            wait_for("the release", lambda: _released(admin, task_id), timeout=10)
+            wait_for("the process to end", lambda: not any(_alive(p) for p in mine), timeout=10)
+
+    with contextlib.suppress(Exception, BaseExceptionGroup):  # the client sees its server go
+        asyncio.run(session())
+    assert stopped and not any(_alive(p) for p in stopped)
+    assert _released(admin, task_id)  # within 10 s, not after the lease's 600
+
+
+def _released(admin: Api, task_id: str) -> bool:
+    return bool(admin.get(f"/tasks/{task_id}").json["latest_run"]["status"] == "released")
+
+
+def _alive(pid: int) -> bool:
+    state = _cmdline(pid) and Path(f"/proc/{pid}/stat").read_bytes().split(b") ")[-1][:1]
+    return bool(state) and state not in (b"Z", b"X")
+
+
 def test_over_http_the_session_is_the_key_whatever_the_connection(
     secured: Server, admin: Api
 ) -> None:

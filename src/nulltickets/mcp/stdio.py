@@ -4,7 +4,8 @@ The process is a client of a server's HTTP API (`--base`, `--key`). It is the se
 lease it claims lives in its memory only, its token never leaves it, and while it holds one it
 extends it in the background (every third of its time to live), so an agent that thinks for
 long between tool calls keeps its task. When stdin closes (the agent's session ended cleanly)
-it releases the task, claimable at once with its checkpoint; killed, it lets the lease expire.
+or a stop signal comes (SIGTERM, SIGINT, SIGHUP), it releases the task, claimable at once with
+its checkpoint; SIGKILLed (or its machine gone), it lets the lease expire.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from nulltickets.client import AsyncClient
 from nulltickets.client.calls import ApiError, Calls, Retry, verb_call
 from nulltickets.domain.model import Access
 from nulltickets.domain.tokens import lease_token_hash
+from nulltickets.lifetime import STOP_SIGNALS
 from nulltickets.mcp import server, tools
 from nulltickets.mcp.tools import Held, ToolError
 from nulltickets.service.verbs import Verb
@@ -32,6 +34,7 @@ MAX_POLL_MS = 30_000  # the server holds one long poll at most this long
 # 60 s; a claim may wait 50 s of its own first).
 RETRY = Retry(timeout=8.0)
 HEARTBEAT_MIN_S = 1.0
+STOP_GRACE_S = 5.0  # how long a stop signal waits for the release before the process exits
 
 
 class RemotePort:
@@ -125,14 +128,17 @@ def default_agent_id() -> str:
 
 
 async def serve(base_url: str, key: str | None, agent_id: str, role: str | None) -> None:
-    """Serve the tools on stdin and stdout until stdin closes; then release the held task."""
+    """Serve the tools on stdin and stdout until stdin closes, or a stop signal comes; then
+    release the held task."""
     from mcp.server.stdio import stdio_server
 
     mcp_server = server.build()
     async with AsyncClient(base_url, token=key, retry=RETRY) as api:
         port = RemotePort(api, agent_id, role)
         server.PORT.set(port)
-        beats = asyncio.get_running_loop().create_task(port.keep_alive())
+        loop = asyncio.get_running_loop()
+        beats = loop.create_task(port.keep_alive())
+        _stop_on_signals(loop, port, beats)
         try:
             async with stdio_server() as (read, write):
                 await mcp_server.run(read, write, mcp_server.create_initialization_options())
@@ -140,6 +146,29 @@ async def serve(base_url: str, key: str | None, agent_id: str, role: str | None)
             beats.cancel()
             with anyio.CancelScope(shield=True):
                 await port.release("the MCP session ended")
+
+
+def _stop_on_signals(
+    loop: asyncio.AbstractEventLoop, port: RemotePort, beats: asyncio.Task[None]
+) -> None:
+    """SIGTERM, SIGINT (and SIGHUP): a supervisor or a person stops the session on purpose, so
+    its task is released, then the process exits. Waiting for the SDK to wind down is no
+    option: its reader thread holds the process until stdin's next line."""
+    stopping: list[asyncio.Task[None]] = []
+
+    async def stop() -> None:
+        beats.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(port.release("the MCP server was stopped"), STOP_GRACE_S)
+        os._exit(0)
+
+    def on_signal() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(stop()))
+
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
+            loop.add_signal_handler(signum, on_signal)
 
 
 def main(base_url: str, key: str | None, agent_id: str | None, role: str | None) -> int:

@@ -202,7 +202,7 @@ def _claim_spec(v: Verb) -> Spec:
                 "type": "integer",
                 "minimum": 1,
                 "description": "How long the lease lasts unless extended (default: the "
-                "server's). Any tool on the task extends it; so does heartbeat.",
+                "server's). heartbeat and save_checkpoint extend it.",
             },
         },
         "additionalProperties": False,
