@@ -222,6 +222,7 @@ def nuitka_command(
         "--report-diffable",
         "--no-progressbar",
         f"--user-plugin={ROOT / 'build' / 'nuitka_strip.py'}",
+        f"--user-plugin={ROOT / 'build' / 'nuitka_bytecode.py'}",
     ]
     cmd += [f"--include-module={m}" for m in DYNAMIC_IMPORTS[os_name]]
     # Nuitka's anti-bloat leaves out these C accelerators; the stdlib then uses slower fallbacks.

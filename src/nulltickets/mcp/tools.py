@@ -123,7 +123,7 @@ class Spec:
 
     @property
     def ends_lease(self) -> bool:
-        return self.verb.name in ("transition", "fail", "release")
+        return self.verb.tool is not None and self.verb.tool.ends_lease
 
 
 # The agent loop first, in the order an agent uses it; the other tools after, by name.
@@ -189,7 +189,7 @@ def _claim_spec(v: Verb) -> Spec:
             "role": {
                 "type": "string",
                 "description": "The role to work as (e.g. coder); may be left out when the "
-                "server was started with a role for this session.",
+                "session has one (nulltickets mcp --role, or an agent key with one role).",
             },
             "wait_seconds": {
                 "type": "integer",

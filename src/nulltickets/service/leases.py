@@ -430,6 +430,7 @@ class Leases(TrackerBase):
             "Move the held task along one of its available transitions (claim_task lists them); "
             "the lease ends.",
             hide=("expected_stage", "expected_task_version"),
+            ends_lease=True,
         ),
     )
     def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
@@ -483,6 +484,7 @@ class Leases(TrackerBase):
             "fail_task",
             "Fail this attempt at the held task: it is retried later by its policy, or dead-"
             "lettered (retryable false: at once); the lease ends.",
+            ends_lease=True,
         ),
     )
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
@@ -544,6 +546,7 @@ class Leases(TrackerBase):
             "release_task",
             "Put the held task down on purpose: claimable again at once, with its checkpoint; not "
             "a failed attempt. The lease ends.",
+            ends_lease=True,
         ),
     )
     def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:

@@ -70,11 +70,12 @@ class Tool:
     on the session's current lease: the run or lease in its path and the body's
     `expected_fence` come from the lease the session holds, so a lease token never enters the
     model's context. `hide`: request fields the tool does not offer. `description`: what the
-    model reads (the verb's summary when empty)."""
+    model reads (the verb's summary when empty). `ends_lease`: the verb ends the run."""
 
     name: str
     description: str = ""
     hide: tuple[str, ...] = ()
+    ends_lease: bool = False  # the session holds no task once it succeeds
 
 
 @dataclass(frozen=True, slots=True)
