@@ -73,6 +73,25 @@ NOFOLLOW = [
     "yaml",  # msgspec.yaml imports it only when used, and we never do; attrs likewise
     "attr",
     "attrs",
+    # What the MCP SDK's dependencies import only for features the server never uses (another
+    # async backend, syntax highlighting, a test plugin, HTTP clients, JSON Schema checks of a
+    # client); found in the development environment, they would be followed into the binary.
+    "trio",
+    "outcome",
+    "sortedcontainers",
+    "wsproto",
+    "pygments",
+    "hypothesis",
+    "requests",
+    "urllib3",
+    "charset_normalizer",
+    "socks",
+    "six",
+    "watchdog",
+    "jsonschema",
+    "jsonschema_specifications",
+    "referencing",
+    "rpds",
     # The PostgreSQL driver: the release jobs install only the `binary` extra, so no release
     # binary carries it; left out here too, a `make binary` build is what the release ships.
     "psycopg",

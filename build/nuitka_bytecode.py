@@ -49,6 +49,8 @@ class NuitkaPluginBytecode(NuitkaPluginBase):
 
     def decideCompilation(self, module_name):  # type: ignore[no-untyped-def]
         name = module_name.asString()
+        if "-" in name:  # a plugin's load trigger ("pydantic-postLoad"): Nuitka compiles those
+            return None
         top = name.partition(".")[0]
         if top in AS_BYTECODE:
             return "bytecode"
