@@ -21,7 +21,8 @@ pytestmark = pytest.mark.process
 
 # The agent: an MCP client started by the worker's command. It starts the server named in
 # NULLTICKETS_MCP_CONFIG exactly as configured (command, args, env), calls the tools the test
-# lists in AGENT_CALLS, and writes everything it saw to AGENT_LOG.
+# lists in AGENT_CALLS (with "<lease token>" replaced by the run's own, as a model that saw it
+# somewhere would paste it), and writes everything it saw to AGENT_LOG.
 AGENT = """
 import asyncio, json, os, stat, sys
 from mcp import Client, StdioServerParameters
@@ -44,7 +45,8 @@ async def main():
     }
     async with Client(params) as client:
         seen["tools"] = [t.name for t in (await client.list_tools()).tools]
-        for name, arguments in json.loads(os.environ["AGENT_CALLS"]):
+        planned = os.environ["AGENT_CALLS"].replace("<lease token>", seen["lease_token"])
+        for name, arguments in json.loads(planned):
             result = await client.call_tool(name, arguments)
             seen["calls"].append({
                 "name": name,
@@ -124,9 +126,13 @@ def test_an_agent_started_by_the_worker_checkpoints_reports_and_transitions_thro
     progress = [e for e in events if e["kind"] == "progress"]
     assert [e["data"] for e in progress] == [{"percent": 50}]
 
-    # The configuration starts this program's own `mcp --run` on the run's directory.
+    # The configuration starts this program's own `mcp --run` (the binary itself, by its
+    # absolute path, under make test-binary) on the run's directory.
     server = seen["config"]["mcpServers"]["nulltickets"]
-    assert [server["command"], *server["args"]] == [*server_command(), "mcp", "--run"]
+    program, *args = server_command()
+    assert os.path.realpath(server["command"]) == os.path.realpath(program)
+    assert os.path.isabs(server["command"])
+    assert server["args"] == [*args, "mcp", "--run"]
     assert set(server["env"]) == {"NULLTICKETS_RUN_DIR"}
 
 
@@ -163,7 +169,9 @@ def test_no_tool_result_holds_the_lease_token(
         ("get_task", {}),
         ("get_task", {"id": task_id}),
         ("get_task", {"id": "another-task"}),
-        ("save_checkpoint", {"checkpoint": {"n": 1}}),
+        ("save_checkpoint", {"checkpoint": {"n": 1, "pasted": "<lease token>"}}),
+        ("get_task", {}),  # its checkpoint holds the token now: the answer must not
+        ("save_checkpoint", {"checkpoint": {"pasted": None}}),
         ("save_checkpoint", {"checkpoint": "not an object"}),
         ("add_event", {"kind": "note", "data": None}),
         ("add_event", {}),
@@ -180,6 +188,8 @@ def test_no_tool_result_holds_the_lease_token(
     assert len(token) >= 20
     results = json.dumps(seen["calls"])
     assert token not in results
+    # The pasted token, hidden in the text and the structured content of both answers.
+    assert results.count("[lease token]") == 4
     assert token not in seen["config_text"]  # the configuration an agent is pointed at
     assert seen["lease_file_mode"] == 0o600  # the lease is in the run's own file only
     errors = [(c["name"], c["structured"]["error"]["code"]) for c in seen["calls"] if c["is_error"]]
