@@ -7,12 +7,15 @@
     nulltickets fail REASON                     fail the attempt when the command exits
     nulltickets pause --agent-id X              release whatever agent X holds (a Stop hook)
     nulltickets mcp [--role R] [--base URL]     the tools for an agent, on stdio (MCP)
+    nulltickets mcp --run                       the tools of the worker's current run (MCP)
 
 `checkpoint` and `event` read the run from the variables the worker sets (NULLTICKETS_RUN_ID,
 NULLTICKETS_LEASE_TOKEN, NULLTICKETS_FENCE, NULLTICKETS_BASE_URL, NULLTICKETS_CHECKPOINT_FILE);
 `transition` and `fail` write to the worker through the run's private directory
 (NULLTICKETS_RUN_DIR, worker/channel.py): the worker acts on the choice once the command has
-exited.
+exited. `mcp --run` offers the same as tools, to an agent the command starts (the worker's
+NULLTICKETS_MCP_CONFIG starts it); it is never implied: without --run, `mcp` is a session of
+its own that claims its tasks.
 """
 
 from __future__ import annotations
@@ -55,6 +58,15 @@ def register(commands: Any) -> None:
     p.add_argument("--role", default=None, help="the role claim_task claims for by default")
     p.add_argument(
         "--agent-id", default=None, help="the agent id claims are made as (default: mcp-HOST-PID)"
+    )
+    p.add_argument(
+        "--run",
+        action="store_true",
+        help="serve the tools of the run of `nulltickets worker` this process is inside "
+        "(NULLTICKETS_RUN_DIR): get_task, save_checkpoint, add_event, transition_task and "
+        "fail_task on the task the worker claimed, under its lease; the worker acts on the "
+        "chosen outcome when its command exits. --base, --key, --role and --agent-id do not "
+        "apply",
     )
     p.set_defaults(func=mcp_command)
 
@@ -142,9 +154,24 @@ def _run_env() -> tuple[str, str, int | None, str]:
 
 
 def mcp_command(args: argparse.Namespace) -> int:
+    if args.run:
+        return _mcp_run(args)
     from nulltickets.mcp import stdio
 
     return stdio.main(args.base, args.key, args.agent_id, args.role)
+
+
+def _mcp_run(args: argparse.Namespace) -> int:
+    from nulltickets.mcp import run
+
+    for flag, value in (("--role", args.role), ("--agent-id", args.agent_id)):
+        if value is not None:
+            raise CommandFailed(f"{flag} does not apply with --run: the worker claimed the task")
+    try:
+        directory, lease = run.bound_run()
+    except channel.NotInRun as exc:
+        raise CommandFailed(str(exc)) from None
+    return run.main(directory, lease)
 
 
 def checkpoint_command(args: argparse.Namespace) -> int:

@@ -12,13 +12,17 @@ the worker's token, plus its run:
     NULLTICKETS_CHECKPOINT_FILE   the task's checkpoint as JSON ({} the first time); the
                                   `nulltickets checkpoint` command merges into it and the task
     NULLTICKETS_TASK_FILE         the claimed task as JSON (what stdin carried)
+    NULLTICKETS_MCP_CONFIG        an MCP configuration ({"mcpServers": {"nulltickets": ...}})
+                                  that starts `nulltickets mcp --run`: the tools bound to this
+                                  run, for an agent the command starts (claude --mcp-config)
 
 The command never gets the admin token or the worker's key: the lease token of its own run is
 all `nulltickets checkpoint` and `nulltickets event` need.
 
 While the command runs, the worker heartbeats its lease. The command chooses its outcome on
 purpose, never by what it prints (stdout and stderr are logs): `nulltickets transition TRIGGER`
-or `nulltickets fail REASON`, run from inside it, record a choice in the run's directory
+or `nulltickets fail REASON`, run from inside it, or the tools transition_task and fail_task of
+`nulltickets mcp --run` called by an agent it started, record a choice in the run's directory
 (worker/channel.py), acted on once the command has exited. Exit status 0 moves the task along
 the chosen transition, else `--trigger`, else the stage's only transition; `nulltickets fail` fails
 the attempt with its reason whatever the status; any other exit fails the attempt with the
@@ -68,7 +72,7 @@ from nulltickets.client import (
 )
 from nulltickets.config import ConfigError, parse_duration
 from nulltickets.domain.model import ClaimResult
-from nulltickets.worker.channel import MAX_REASON, Choice, Fail, RunDirectory
+from nulltickets.worker.channel import MAX_REASON, Choice, Fail, Lease, RunDirectory
 from nulltickets.worker.process_group import ProcessGroup
 
 STDERR_TAIL = 4000  # bytes of stderr sent with a failed attempt
@@ -251,9 +255,20 @@ class Worker:
                 raise Fatal(f"heartbeat refused: {exc}") from exc
             except ClientAborted:
                 return self._release(claimed, "worker stopped")
+            run_dir.offer_tools(self._lease(claimed), self_command())
             env = command_env(os.environ, self.options.credentials(), self._run_env(claimed))
             env.update(run_dir.env())
             return self._run_command(claimed, env, task_json, run_dir, checked)
+
+    def _lease(self, claimed: ClaimResult) -> Lease:
+        return Lease(
+            base_url=self.options.base_url,
+            task_id=claimed.task.id,
+            run_id=claimed.run.id,
+            lease_id=claimed.lease_id,
+            lease_token=claimed.lease_token,
+            fence=claimed.fence,
+        )
 
     def _run_env(self, claimed: ClaimResult) -> dict[str, str]:
         task, run = claimed.task, claimed.run
@@ -522,6 +537,14 @@ def command_env(
     }
     env.update(run)
     return env
+
+
+def self_command() -> list[str]:
+    """How to start this program again: the standalone binary itself (in Nuitka's onefile
+    child, argv[0] is the binary's absolute path), else this Python with `-m nulltickets`."""
+    if "__compiled__" in globals():  # defined in every module Nuitka compiled
+        return [os.path.abspath(sys.argv[0])]
+    return [sys.executable, "-m", "nulltickets"]
 
 
 def _ttl_s(claimed: ClaimResult) -> float:

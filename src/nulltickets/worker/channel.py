@@ -5,8 +5,11 @@ in NULLTICKETS_RUN_DIR. It holds the claimed task (task.json) and its checkpoint
 (checkpoint.json); `nulltickets transition` and `nulltickets fail`, run from inside the command,
 write there the outcome the command chose (outcome.json), and the worker acts on it once the
 command has exited. This is the only way a command chooses its outcome: what it prints is a log.
-A later endpoint bound to the run (tools for an agent the worker starts) records its choice
-here the same way, through `choose`.
+
+It also holds what an agent the command starts needs for its tools: the run's lease
+(lease.json, mode 0600) and an MCP configuration (mcp.json, named in NULLTICKETS_MCP_CONFIG)
+that starts `nulltickets mcp --run`, the tools bound to this run (mcp/run.py), which record the
+agent's choice here the same way, through `choose`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ ENV_RUN_DIR = "NULLTICKETS_RUN_DIR"
 TASK_FILE = "task.json"
 CHECKPOINT_FILE = "checkpoint.json"
 OUTCOME_FILE = "outcome.json"
+LEASE_FILE = "lease.json"
+MCP_CONFIG_FILE = "mcp.json"
+ENV_MCP_CONFIG = "NULLTICKETS_MCP_CONFIG"
+MCP_SERVER_NAME = "nulltickets"
 MAX_REASON = 4000  # characters of a failure's reason kept
 MAX_OUTCOME_BYTES = 64 * 1024  # an outcome file larger than this is not read
 
@@ -40,6 +47,19 @@ class Fail(msgspec.Struct, tag="fail", forbid_unknown_fields=True):
 
 
 Choice = Transition | Fail
+
+
+class Lease(msgspec.Struct, forbid_unknown_fields=True):
+    """The run's lease: what the tools bound to the run act under. `lease_token` is a secret
+    (the file is the run's own, mode 0600): it never enters a tool's answer."""
+
+    base_url: str
+    task_id: str
+    run_id: str
+    lease_id: str
+    lease_token: str
+    fence: int
+
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(Choice).decode
@@ -78,6 +98,29 @@ def task_of(directory: Path) -> Any:
     return msgspec.json.decode((directory / TASK_FILE).read_bytes())
 
 
+def lease_of(directory: Path) -> Lease:
+    """The run's lease; raises NotInRun when the directory holds none (the run is over)."""
+    try:
+        return msgspec.json.decode((directory / LEASE_FILE).read_bytes(), type=Lease)
+    except FileNotFoundError:
+        raise NotInRun(f"{directory} holds no lease: the run is over") from None
+    except (OSError, msgspec.DecodeError) as exc:
+        raise NotInRun(f"the run's lease is not readable: {exc}") from None
+
+
+def mcp_config(command: list[str], directory: Path) -> dict[str, Any]:
+    """The `mcpServers` configuration that starts the tools bound to the run in `directory`.
+    It names the directory in the server's environment: MCP clients (the SDKs, Codex) start a
+    server with a few variables of their own only, not the command's whole environment."""
+    program, *args = command
+    server = {
+        "command": program,
+        "args": [*args, "mcp", "--run"],
+        "env": {ENV_RUN_DIR: str(directory)},
+    }
+    return {"mcpServers": {MCP_SERVER_NAME: server}}
+
+
 class RunDirectory:
     """The worker's side: the directory of one run, made private and removed when done."""
 
@@ -85,8 +128,18 @@ class RunDirectory:
         self.path = Path(tempfile.mkdtemp(prefix="nulltickets-run-"))  # mode 0700
         self.task_file = self.path / TASK_FILE
         self.checkpoint_file = self.path / CHECKPOINT_FILE
+        self.mcp_config_file: Path | None = None
         self.task_file.write_bytes(task_json)
         self.checkpoint_file.write_bytes(checkpoint_json)
+
+    def offer_tools(self, lease: Lease, command: list[str]) -> None:
+        """Write the run's lease and the MCP configuration that starts `command mcp --run`."""
+        fd = os.open(self.path / LEASE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encode(lease))
+        self.mcp_config_file = self.path / MCP_CONFIG_FILE
+        config = mcp_config(command, self.path)
+        self.mcp_config_file.write_bytes(msgspec.json.format(_encode(config)))
 
     def __enter__(self) -> RunDirectory:
         return self
@@ -95,11 +148,14 @@ class RunDirectory:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             ENV_RUN_DIR: str(self.path),
             "NULLTICKETS_TASK_FILE": str(self.task_file),
             "NULLTICKETS_CHECKPOINT_FILE": str(self.checkpoint_file),
         }
+        if self.mcp_config_file is not None:
+            env[ENV_MCP_CONFIG] = str(self.mcp_config_file)
+        return env
 
     def chosen(self) -> Choice | None:
         """What the command chose, or None; ValueError when its choice cannot be read."""
