@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mcp_types as types
 import msgspec
 from mcp.server.lowlevel import Server
 
-from nulltickets import __version__
 from nulltickets.client import AsyncClient
-from nulltickets.client.calls import Calls
+from nulltickets.client.calls import verb_call
 from nulltickets.domain.model import Access
-from nulltickets.mcp import tools
+from nulltickets.mcp import server, tools
 from nulltickets.mcp.tools import Held, ToolError
 from nulltickets.service.verbs import Verb
 from nulltickets.worker import channel
@@ -65,7 +63,7 @@ class RunPort:
         self, v: Verb, path: list[str], query: Mapping[str, str], body: bytes, held: Held | None
     ) -> Any:
         keyed = v.method != "GET" and v.idempotency_key
-        call = Calls.of_verb(
+        call = verb_call(
             v.method, v.path, path, query, body or None, bearer=self._lease.lease_token, keyed=keyed
         )
         return await self.api.run(call)
@@ -283,43 +281,15 @@ async def call(session: RunSession, name: str, arguments: Mapping[str, Any] | No
 
 
 def build(session: RunSession) -> Server[Any]:
-    """The MCP server of one run."""
+    """The MCP server of one run: its tools, every answer scrubbed of the lease token."""
 
-    async def list_tools(
-        ctx: Any, params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        return types.ListToolsResult(
-            tools=[
-                types.Tool(name=t.name, description=t.description, input_schema=t.schema)
-                for t in run_tools().values()
-            ]
-        )
+    def offer() -> Iterable[tuple[str, str, dict[str, Any]]]:
+        return ((t.name, t.description, t.schema) for t in run_tools().values())
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        scrub = session.port.scrub
-        try:
-            answer = await call(session, params.name, params.arguments)
-        except ToolError as exc:
-            message = scrub(exc.message)
-            return types.CallToolResult(
-                content=[types.TextContent(text=f"{exc.code}: {message}")],
-                structured_content={"error": {"code": exc.code, "message": message}},
-                is_error=True,
-            )
-        answer = msgspec.json.decode(scrub(msgspec.json.encode(answer).decode()))
-        structured = answer if isinstance(answer, dict) else {"result": answer}
-        return types.CallToolResult(
-            content=[types.TextContent(text=tools.present(answer))],
-            structured_content=structured,
-        )
+    async def carry_out(name: str, arguments: Mapping[str, Any] | None) -> Any:
+        return await call(session, name, arguments)
 
-    return Server(
-        "nulltickets",
-        version=__version__,
-        instructions=INSTRUCTIONS,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-    )
+    return server.build(offer, carry_out, session.port.scrub)
 
 
 async def serve(directory: Path, lease: channel.Lease) -> None:

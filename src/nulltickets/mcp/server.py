@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import mcp_types as types
+import msgspec
 from mcp.server.lowlevel import Server
 
 from nulltickets import __version__
@@ -31,29 +33,48 @@ INSTRUCTIONS = (
 )
 
 
-def build() -> Server[Any]:
-    """The MCP server (one per process: it holds nothing of a session's)."""
+Offer = Callable[[], Iterable[tuple[str, str, dict[str, Any]]]]
+CarryOut = Callable[[str, Mapping[str, Any] | None], Awaitable[Any]]
+
+
+def build(
+    offer: Offer | None = None, carry_out: CarryOut | None = None, scrub: Callable[[str], str] = str
+) -> Server[Any]:
+    """The MCP server (one per process: it holds nothing of a session's). `offer` lists the
+    tools (name, description, input schema) and `carry_out` calls one: by default the tools of
+    the table for the session's port. `scrub` is applied to every text answered."""
+    if offer is None:
+
+        def offer() -> Iterable[tuple[str, str, dict[str, Any]]]:
+            return ((s.name, s.description, s.schema) for s in tools.offered(PORT.get()))
+
+    if carry_out is None:
+
+        async def carry_out(name: str, arguments: Mapping[str, Any] | None) -> Any:
+            return await tools.call(PORT.get(), name, arguments)
+
+    listing, calling = offer, carry_out
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        port = PORT.get()
         return types.ListToolsResult(
             tools=[
-                types.Tool(name=s.name, description=s.description, input_schema=s.schema)
-                for s in tools.offered(port)
+                types.Tool(name=name, description=description, input_schema=schema)
+                for name, description, schema in listing()
             ]
         )
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        port = PORT.get()
         try:
-            answer = await tools.call(port, params.name, params.arguments)
+            answer = await calling(params.name, params.arguments)
         except ToolError as exc:
             return _error(exc)
         except Exception as exc:  # a bug of ours: one line in the log, never a traceback out
             log.error("tool %s failed: %s: %s", params.name, type(exc).__name__, exc)
             return _error(ToolError("internal_error", f"{params.name} failed unexpectedly"))
+        if scrub is not str:
+            answer = msgspec.json.decode(scrub(msgspec.json.encode(answer).decode()))
         structured = answer if isinstance(answer, dict) else {"result": answer}
         return types.CallToolResult(
             content=[types.TextContent(text=tools.present(answer))],
@@ -61,9 +82,10 @@ def build() -> Server[Any]:
         )
 
     def _error(exc: ToolError) -> types.CallToolResult:
+        message = scrub(exc.message)
         return types.CallToolResult(
-            content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
-            structured_content={"error": {"code": exc.code, "message": exc.message}},
+            content=[types.TextContent(text=f"{exc.code}: {message}")],
+            structured_content={"error": {"code": exc.code, "message": message}},
             is_error=True,
         )
 
