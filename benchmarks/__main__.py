@@ -428,10 +428,6 @@ def render(r: dict[str, Any]) -> str:
             if rounds > 1
             else "\nEach row is one run (a fresh server and database)."
         )
-    if "mcp" in r:
-        from benchmarks.mcp import render as render_mcp
-
-        lines += render_mcp(r["mcp"], r.get("mcp_ratio", []))
     if r.get("durability_ratio"):
         lines.append(
             "\nfull over normal (interleaved runs): "
@@ -460,6 +456,10 @@ def render(r: dict[str, Any]) -> str:
         from benchmarks.baseline import render as render_baseline
 
         lines += ["", *render_baseline(r["baseline"])]
+    if "mcp" in r:
+        from benchmarks.mcp import render as render_mcp
+
+        lines += render_mcp(r["mcp"], r.get("mcp_ratio", []))
     if "backlog" in r:
         b = r["backlog"]
         claims = {k: v for k, v in b.items() if isinstance(v, dict)}
