@@ -2,6 +2,9 @@
 
 Sections (--sections picks some, comma-separated; all by default):
   cycle       HTTP agent cycle (claim -> event -> transition) on SQLite at 1, 4, 16, 64 agents
+  mcp         the cycle claim -> checkpoint -> transition through /mcp (the MCP SDK's client,
+              one long-lived session per agent) beside the same cycle over the HTTP API, at 1
+              and 4 Python agents, their runs interleaved: what a cycle costs the server on each
   durability  the same cycle at 16 and 64 agents with --durability full, normal, and full with
               its WAL synced by the Python thread instead of the C ones, their runs
               interleaved; full's cycles/s over normal's and over the Python thread's; and
@@ -45,7 +48,17 @@ from benchmarks.seed import measure_claims, measure_ops_queue, seed_database
 
 __all__ = ["SECTIONS", "main", "median_run", "pct", "render"]
 
-SECTIONS = ("cycle", "durability", "postgres", "backlog", "ops_queue", "idle", "fleet", "core")
+SECTIONS = (
+    "cycle",
+    "mcp",
+    "durability",
+    "postgres",
+    "backlog",
+    "ops_queue",
+    "idle",
+    "fleet",
+    "core",
+)
 
 
 def machine() -> dict[str, Any]:
@@ -186,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                     r = cycle_rounds(work, agents, tasks_for(agents), "normal", rounds)
                     results["cycle"].append(r)
                     print(f"  {agents:>3} agents: {r['cycles_per_s']:>8.0f} cycles/s", flush=True)
+
+        if "mcp" in sections:
+            print("Claim -> checkpoint -> transition through /mcp and the HTTP API", flush=True)
+            from benchmarks.mcp import mcp_rows, mcp_tasks
+
+            results["mcp"], results["mcp_ratio"] = mcp_rows(
+                work, (1,) if quick else (1, 4), lambda agents: mcp_tasks(agents, quick), rounds
+            )
 
         if "durability" in sections:
             print(
@@ -435,6 +456,10 @@ def render(r: dict[str, Any]) -> str:
         from benchmarks.baseline import render as render_baseline
 
         lines += ["", *render_baseline(r["baseline"])]
+    if "mcp" in r:
+        from benchmarks.mcp import render as render_mcp
+
+        lines += render_mcp(r["mcp"], r.get("mcp_ratio", []))
     if "backlog" in r:
         b = r["backlog"]
         claims = {k: v for k, v in b.items() if isinstance(v, dict)}

@@ -61,7 +61,8 @@ class BenchServer:
     """`nulltickets serve` on a free port. `db` is a SQLite file or a PostgreSQL URL (then `log`
     names the server's log file; a file's log sits beside it). `env` adds to the environment
     and `cmd` replaces the command that starts the server (default: $NULLTICKETS_BINARY, else
-    this Python's `-m nulltickets`)."""
+    this Python's `-m nulltickets`). With `token`, the server requires it and every request of this
+    object carries it."""
 
     def __init__(
         self,
@@ -72,13 +73,17 @@ class BenchServer:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         cmd: list[str] | None = None,
+        token: str | None = None,
     ):
         self.db, self.port = db, free_port()
+        self.token = token
         if log is None:
             assert isinstance(db, Path), "a server on a URL needs a log path"
             log = db.with_suffix(".log")
         self.log_path = log
-        self.env = env or {}
+        self.env = dict(env or {})
+        if token is not None:  # through the environment: a command line is visible to all
+            self.env["NULLTICKETS_TOKEN"] = token
         if cmd is None:
             binary = os.environ.get("NULLTICKETS_BINARY")
             cmd = [binary] if binary else [sys.executable, "-m", "nulltickets"]
@@ -147,8 +152,9 @@ class BenchServer:
     def fetch(self, method: str, path: str, body: Any = None) -> bytes:
         """The body of the answer to one request (`body` sent as JSON)."""
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", data=data, method=method
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method, headers=headers
         )
         with urllib.request.urlopen(req, timeout=60) as r:
             payload: bytes = r.read()
