@@ -4,7 +4,8 @@
 
 `--version`, `--export-manifest`, then `serve` on a free port and a fresh database: the first
 200 from /health (its time is printed), one pipeline, one task, one claim that must return that
-task, and a clean stop on SIGTERM. On Linux it also checks that the server's worker has uvloop
+task, the MCP server's tools listed on POST /mcp and by `mcp` on stdio (the SDK is in the
+binary), and a clean stop on SIGTERM. On Linux it also checks that the server's worker has uvloop
 loaded (granian picks its loop by importing it by name, so a binary built without it would
 silently run on asyncio). Standard library only: release jobs run it on a bare Python.
 """
@@ -85,6 +86,80 @@ def request(port: int, method: str, path: str, body: Any = None) -> tuple[int, A
         return r.status, json.loads(payload) if payload else None
     finally:
         conn.close()
+
+
+MCP_HELLO: list[dict[str, Any]] = [
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "smoke", "version": "1"},
+        },
+    },
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+]
+
+
+def mcp_over_http(port: int) -> list[str]:
+    """The tools POST /mcp lists (JSON-RPC, one request per POST)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    names: list[str] = []
+    try:
+        for message in MCP_HELLO:
+            headers = {
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            }
+            conn.request("POST", "/mcp", body=json.dumps(message).encode(), headers=headers)
+            r = conn.getresponse()
+            payload = r.read()
+            if message.get("id") == 2:
+                check(r.status == 200, f"POST /mcp tools/list answers 200 ({r.status})")
+                names = [t["name"] for t in json.loads(payload)["result"]["tools"]]
+    finally:
+        conn.close()
+    return names
+
+
+def mcp_over_stdio(binary: Path, port: int, timeout: float) -> list[str]:
+    """The tools `nulltickets mcp` lists on stdio (newline-delimited JSON-RPC)."""
+    lines = "".join(json.dumps(m) + "\n" for m in MCP_HELLO)
+    proc = subprocess.Popen(
+        [str(binary), "mcp", "--base", f"http://127.0.0.1:{port}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(lines)
+    proc.stdin.flush()
+    deadline = time.monotonic() + timeout
+    names: list[str] = []
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            answer = json.loads(line)
+            if answer.get("id") == 2:
+                names = [t["name"] for t in answer["result"]["tools"]]
+                break
+    finally:
+        proc.stdin.close()  # a clean end: the process exits by itself
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            check(False, "`mcp` exits once its stdin closes")
+    if not names:
+        print(proc.stderr.read() if proc.stderr else "", file=sys.stderr)
+    return names
 
 
 def descendants(pid: int) -> list[int]:
@@ -227,6 +302,10 @@ def smoke(
                 status == 200 and claim["task"]["id"] == task["id"] and claim["lease_token"],
                 "claim returns the task with a lease",
             )
+            listed = mcp_over_http(port)
+            check("claim_task" in listed, f"POST /mcp lists the tools ({len(listed)})")
+            listed = mcp_over_stdio(binary, port, slow)
+            check("claim_task" in listed, f"`mcp` on stdio lists the tools ({len(listed)})")
             uvloop = None
             if sys.platform.startswith("linux") and uvloop_check:
                 uvloop = loaded_uvloop(proc.pid)
