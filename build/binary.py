@@ -242,6 +242,9 @@ def nuitka_command(
         "--no-progressbar",
         f"--user-plugin={ROOT / 'build' / 'nuitka_strip.py'}",
         f"--user-plugin={ROOT / 'build' / 'nuitka_bytecode.py'}",
+        # httpx2 and httpcore2 (the MCP SDK's) read their own version from their metadata.
+        "--include-distribution-metadata=httpx2",
+        "--include-distribution-metadata=httpcore2",
     ]
     cmd += [f"--include-module={m}" for m in DYNAMIC_IMPORTS[os_name]]
     # Nuitka's anti-bloat leaves out these C accelerators; the stdlib then uses slower fallbacks.

@@ -283,6 +283,12 @@ class StorageUnavailable(TrackerError):
     code = "storage_unavailable"
 
 
+class McpUnavailable(TrackerError):
+    """The MCP server could not start on this server (its log says why); the HTTP API works."""
+
+    code = "mcp_unavailable"
+
+
 class StorageReadOnly(TrackerError):
     """Database is read-only."""
 

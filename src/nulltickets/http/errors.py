@@ -51,6 +51,7 @@ STATUS: dict[type[e.TrackerError], int] = {
     e.StorageBusy: 503,
     e.StorageReadOnly: 503,
     e.StorageUnavailable: 503,
+    e.McpUnavailable: 503,
     e.StorageFull: 507,
     e.TrackerError: 500,
 }

@@ -20,6 +20,7 @@ and sends back what the SDK answered. The SDK is imported when the first request
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +29,7 @@ import msgspec
 
 from nulltickets.domain.commands import Claim
 from nulltickets.domain.model import Access, allows
-from nulltickets.errors import InvalidRequest
+from nulltickets.errors import InvalidRequest, McpUnavailable
 from nulltickets.http import access
 from nulltickets.http.access import Principal
 from nulltickets.http.context import Context
@@ -41,6 +42,7 @@ from nulltickets.service import Kind, Service
 from nulltickets.service.verbs import Guard, Verb
 
 PATH = "/mcp"
+log = logging.getLogger("nulltickets")
 
 
 class LocalPort:
@@ -124,28 +126,30 @@ class Bridge:
         return self._manager
 
     async def _run(self, started: asyncio.Future[None]) -> None:
-        # The SDK takes a second or more to import: off the event loop, which goes on serving.
-        await asyncio.to_thread(_import_sdk)
-        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-        from mcp.server.transport_security import TransportSecuritySettings
-
-        from nulltickets.mcp import server
-
-        # The browser guard of the HTTP layer has refused other origins before the SDK sees
-        # a request; the SDK's own Host check would refuse every name but localhost.
-        self._manager = manager = StreamableHTTPSessionManager(
-            app=server.build(),
-            json_response=True,
-            stateless=True,
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )
         try:
+            # The SDK takes a second or more to import: off the event loop, which goes on
+            # serving meanwhile.
+            await asyncio.to_thread(_import_sdk)
+            from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+            from mcp.server.transport_security import TransportSecuritySettings
+
+            from nulltickets.mcp import server
+
+            # The browser guard of the HTTP layer has refused other origins before the SDK
+            # sees a request; the SDK's own Host check would refuse every name but localhost.
+            self._manager = manager = StreamableHTTPSessionManager(
+                app=server.build(),
+                json_response=True,
+                stateless=True,
+                security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
             async with manager.run():
                 started.set_result(None)
                 await asyncio.Event().wait()
         except BaseException as exc:
             if not started.done():
-                started.set_exception(exc)
+                log.error("the MCP server cannot start: %s: %s", type(exc).__name__, exc)
+                started.set_exception(McpUnavailable(f"the MCP server cannot start: {exc}"))
                 self._started = None  # the next request tries again
             raise
 
