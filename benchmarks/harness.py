@@ -139,8 +139,14 @@ class BenchServer:
 
     @property
     def pids(self) -> list[int]:
+        """The server's processes: the one started and all below it (granian's worker, and
+        under the standalone binary the onefile bootstrap's child and its worker)."""
         assert self.proc is not None
-        return [self.proc.pid, *_children(self.proc.pid)]
+        found, below = [self.proc.pid], _children(self.proc.pid)
+        while below:
+            found += below
+            below = [c for p in below for c in _children(p)]
+        return found
 
     def cpu_s(self) -> float:
         return sum(_proc_cpu_s(p) for p in self.pids)
