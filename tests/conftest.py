@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -133,6 +134,22 @@ def fresh_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ser
     server = new_server(request, tmp_path / "fresh.db", dsn=server_dsn(request)).start()
     yield server
     server.stop()
+
+
+@contextlib.contextmanager
+def servers_on_one_postgres(
+    postgres: PostgresServer, tmp_path: Path, count: int, **kw: Any
+) -> Iterator[list[Server]]:
+    """`count` server processes on one new PostgreSQL database (one tracker), stopped after."""
+    dsn = postgres.dsn(postgres.create_database())
+    started: list[Server] = []
+    try:
+        for i in range(count):
+            started.append(Server(tmp_path / f"s{i}.db", dsn=dsn, **kw).start(timeout=60))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from tests.conftest import (
     module_server,
     pipeline_with_roles,
     server_dsn,
+    servers_on_one_postgres,
     unique,
 )
 from tests.pgserver import PostgresServer
@@ -315,15 +316,8 @@ def test_a_revoked_keys_event_stream_ends(make_server: Any) -> None:
 
 @pytest.fixture
 def two_servers(postgres: PostgresServer, tmp_path: Path) -> Iterator[list[Server]]:
-    dsn = postgres.dsn(postgres.create_database())
-    started: list[Server] = []
-    try:
-        for i in range(2):
-            started.append(Server(tmp_path / f"s{i}.db", token=TOKEN, dsn=dsn).start(timeout=60))
-        yield started
-    finally:
-        for server in started:
-            server.stop()
+    with servers_on_one_postgres(postgres, tmp_path, 2, token=TOKEN) as servers:
+        yield servers
 
 
 def test_a_key_revoked_on_one_server_is_refused_by_another_at_once(

@@ -28,7 +28,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from nulltickets.mcp import tools
-from tests.conftest import module_server, server_dsn, unique, wait_for
+from tests.conftest import module_server, server_dsn, servers_on_one_postgres, unique, wait_for
 from tests.pgserver import PostgresServer
 from tests.server import Client as Api
 from tests.server import Server, descendants, server_command
@@ -500,15 +500,8 @@ def test_task_text_comes_back_as_untrusted_content(secured: Server, admin: Api) 
 
 @pytest.fixture
 def two_servers(postgres: PostgresServer, tmp_path: Path) -> Iterator[list[Server]]:
-    dsn = postgres.dsn(postgres.create_database())
-    started: list[Server] = []
-    try:
-        for i in range(2):
-            started.append(Server(tmp_path / f"s{i}.db", token=TOKEN, dsn=dsn).start(timeout=60))
-        yield started
-    finally:
-        for server in started:
-            server.stop()
+    with servers_on_one_postgres(postgres, tmp_path, 2, token=TOKEN) as servers:
+        yield servers
 
 
 def test_a_keys_session_works_on_whichever_server_a_request_reaches(

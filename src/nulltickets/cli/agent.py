@@ -229,15 +229,9 @@ def transition_command(args: argparse.Namespace) -> int:
     except channel.NotInRun as exc:
         raise CommandFailed(str(exc)) from None
     try:
-        task = channel.task_of(directory)
-        stage = task["stage"]
-        triggers = sorted({t["trigger"] for t in task["available_transitions"]})
-    except (OSError, ValueError, KeyError, TypeError):
-        triggers, stage = [], None  # the worker's answer from the server decides then
-    if triggers and trigger not in triggers:
-        raise CommandFailed(
-            f"{trigger!r} is not a transition of stage {stage!r}: one of {', '.join(triggers)}"
-        )
+        channel.check_trigger(directory, trigger)
+    except channel.NotATransition as exc:
+        raise CommandFailed(str(exc)) from None
     _choose(channel.Transition(trigger))
     return 0
 

@@ -131,10 +131,7 @@ async def _get_task(session: RunSession, args: dict[str, Any]) -> Any:
 
 
 async def _on_server(session: RunSession, name: str, args: dict[str, Any]) -> Any:
-    try:
-        answer = await tools.call(session.port, name, args)
-    except OSError as exc:
-        raise ToolError("unreachable", f"the server did not answer: {exc}") from None
+    answer = await tools.call(session.port, name, args)  # an unreachable server: ToolError
     if name == "save_checkpoint" and isinstance(answer, dict) and "checkpoint" in answer:
         with contextlib.suppress(OSError):  # what `nulltickets checkpoint` keeps up to date too
             (session.directory / channel.CHECKPOINT_FILE).write_bytes(
@@ -157,17 +154,11 @@ async def _transition(session: RunSession, args: dict[str, Any]) -> Any:
     if not isinstance(trigger, str) or not trigger.strip():
         raise ToolError("invalid_request", "trigger must be a non-empty string")
     trigger = trigger.strip()
-    task = session.task()
+    session.task()  # the run is not over
     try:
-        triggers = sorted({t["trigger"] for t in task["available_transitions"]})
-    except (KeyError, TypeError):
-        triggers = []  # the server's answer to the worker decides then
-    if triggers and trigger not in triggers:
-        raise ToolError(
-            "invalid_transition",
-            f"{trigger!r} is not a transition of stage {task.get('stage')!r}: one of "
-            f"{', '.join(triggers)}",
-        )
+        channel.check_trigger(session.directory, trigger)
+    except channel.NotATransition as exc:
+        raise ToolError("invalid_transition", str(exc)) from None
     session.choose(channel.Transition(trigger))
     return {
         "recorded": True,

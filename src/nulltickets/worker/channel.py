@@ -98,6 +98,26 @@ def task_of(directory: Path) -> Any:
     return msgspec.json.decode((directory / TASK_FILE).read_bytes())
 
 
+class NotATransition(ValueError):
+    """A trigger the claimed task's stage does not have."""
+
+
+def check_trigger(directory: Path, trigger: str) -> None:
+    """Raise NotATransition when the claimed task names its stage's triggers and `trigger` is
+    none of them. An unreadable task checks nothing: the server's answer to the worker decides
+    then."""
+    try:
+        task = task_of(directory)
+        stage = task["stage"]
+        triggers = sorted({t["trigger"] for t in task["available_transitions"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if triggers and trigger not in triggers:
+        raise NotATransition(
+            f"{trigger!r} is not a transition of stage {stage!r}: one of {', '.join(triggers)}"
+        )
+
+
 def lease_of(directory: Path) -> Lease:
     """The run's lease; raises NotInRun when the directory holds none (the run is over)."""
     try:
