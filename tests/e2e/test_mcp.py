@@ -154,7 +154,9 @@ def test_a_killed_session_lets_its_lease_expire_and_the_next_resumes_from_the_ch
             answers.append(await call(client, "save_checkpoint", seen, checkpoint={"step": 3}))
             mine = [p for p in descendants(os.getpid()) if b"\0mcp\0" in _cmdline(p)]
             killed.extend(mine)
-            for pid in mine:
+            # The deepest first: under the standalone binary, a bootstrap killed first would have
+            # its child told to stop (and release) before the child's own SIGKILL came.
+            for pid in reversed(mine):
                 os.kill(pid, signal.SIGKILL)  # no release: the lease must run out
 
     async def second() -> Any:
