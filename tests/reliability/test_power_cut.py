@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from nulltickets.storage.sqlite import walsync
@@ -254,7 +255,11 @@ def run_power_cuts(
         cuts.append(power.cut("sigkill", rng))  # the files are checked as the last cut left them
 
         journals = Journals.of(agents)
-        health = storage_health(power.server.db)
+        try:
+            health = storage_health(power.server.db)
+        except apsw.Error as exc:  # the file unreadable: a finding, to be replayed by its seed
+            exc.add_note(f"power cuts with seed {rng_seed} ({durability}, {base})")
+            raise
         problems, summary = check_tasks(power.server.db, DEFINITION)
         lost, checked = acknowledged_lost(power.server.db, journals)
         with open_db(power.server.db) as conn:
