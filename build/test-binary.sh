@@ -13,5 +13,9 @@ binary=${2:?usage: build/test-binary.sh PYTHON BINARY}
 # HOME at a temporary directory and check that nothing was written there, so the unpacked copy
 # lives in dist/ for the run (it is packaging, not the server's state).
 export XDG_CACHE_HOME=$PWD/dist/onefile-cache
+# Unpacking is not safe against itself: a start that finds a file half written by another
+# start rewrites it under that process's feet (SIGBUS). One start unpacks before the suite's
+# workers start theirs at once.
+"$binary" --version >/dev/null
 NULLTICKETS_BINARY=$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary") \
     "$py" -m pytest tests/e2e -n "${PYTEST_WORKERS:-4}" "${@:3}"
