@@ -26,6 +26,8 @@ NOBODY = 65534
 # The bound docs/operating/serving.md promises: the main process is gone within 5 s of SIGTERM.
 SHUTDOWN_BOUND_S = 5.0
 LABEL = "nulltickets-test-image"
+# A container reachable from its network needs a token (16+ characters).
+TOKEN = "image-token-" + uuid.uuid4().hex
 
 
 def podman(*args: str, timeout: float = 60.0, check: bool = True) -> str:
@@ -64,12 +66,12 @@ class Container:
         )  # fmt: skip
         return r.stdout
 
-    def wait_healthy(self, timeout: float = 30.0 * TIME_SCALE) -> Client:
+    def wait_healthy(self, timeout: float = 30.0 * TIME_SCALE, token: str = TOKEN) -> Client:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.inspect("{{.State.Running}}") != "true":
                 raise AssertionError(f"the container stopped:\n{self.logs()}")
-            client = Client("127.0.0.1", self.port, timeout=5.0)
+            client = Client("127.0.0.1", self.port, token=token, timeout=5.0)
             try:
                 if client.get("/health").status == 200:
                     return client
@@ -99,11 +101,14 @@ def containers() -> Iterator[list[Container]]:
         c.remove()
 
 
-def run_image(containers: list[Container], volume: str, *command: str, **env: str) -> Container:
+def run_image(
+    containers: list[Container], volume: str, *command: str, token: str | None = TOKEN
+) -> Container:
     """The image as a user starts it: its own user and command (or `command`, as the original's
-    compose files pass), the volume on /nulltickets-data, the port published on the loopback."""
+    compose files pass), the volume on /nulltickets-data, the port published on the loopback,
+    and a token in NULLTICKETS_TOKEN (none with token=None)."""
     port = free_port()
-    flags = [f"--env={k}={v}" for k, v in env.items()]
+    flags = [] if token is None else ["--env", f"NULLTICKETS_TOKEN={token}"]
     c = Container(
         "-v", f"{volume}:/nulltickets-data", "-p", f"127.0.0.1:{port}:7700", *flags, IMAGE,
         *command, port=port,
@@ -171,31 +176,50 @@ def test_the_server_runs_as_user_65534_and_the_health_check_passes(
     assert owner == str(NOBODY)
 
 
+def test_without_a_token_it_runs_on_the_container_loopback_only(
+    containers: list[Container], volume: str
+) -> None:
+    """As the original's image: it starts and is healthy inside, but the published port
+    reaches nothing, and the log says which variable to set."""
+    c = run_image(containers, volume, token=None)
+    deadline = time.monotonic() + 30.0 * TIME_SCALE
+    while "listening on http://127.0.0.1:7700" not in c.logs():
+        assert time.monotonic() < deadline, c.logs()
+        assert c.inspect("{{.State.Running}}") == "true", c.logs()
+        time.sleep(0.1)
+    podman("healthcheck", "run", c.name)
+    assert "set NULLTICKETS_TOKEN" in c.logs()
+    client = Client("127.0.0.1", c.port, timeout=5.0)
+    with pytest.raises(OSError):
+        client.get("/health")
+    client.close()
+
+
 def test_release_root_runs_as_root_and_the_default_image_does_not() -> None:
     assert podman("run", "--rm", "--entrypoint", "id", IMAGE, "-u") == str(NOBODY)
     assert podman("run", "--rm", "--entrypoint", "id", f"{IMAGE}-root", "-u") == "0"
 
 
-def test_every_setting_comes_from_the_environment(
-    containers: list[Container], volume: str
-) -> None:
+def test_every_setting_comes_from_the_environment(containers: list[Container], volume: str) -> None:
     """A port, a token and a log format from variables alone: the image's command has no
     flags that would override them."""
     port = free_port()
     c = Container(
         "-v", f"{volume}:/nulltickets-data", "--network", "host",
         "--env", f"NULLTICKETS_PORT={port}", "--env", "NULLTICKETS_HOST=127.0.0.1",
-        "--env", "NULLTICKETS_TOKEN=image-secret", "--env", "NULLTICKETS_LOG_FORMAT=json",
+        "--env", f"NULLTICKETS_TOKEN={TOKEN}", "--env", "NULLTICKETS_LOG_FORMAT=json",
         IMAGE, port=port,
     )  # fmt: skip
     containers.append(c)
     client = c.wait_healthy()
-    assert client.get("/pipelines").status == 401
-    assert client.get("/pipelines", token="image-secret").status == 200
+    assert client.get("/pipelines").status == 200
     client.close()
+    anonymous = Client("127.0.0.1", port, timeout=5.0)
+    assert anonymous.get("/pipelines").status == 401
+    anonymous.close()
     records = [json.loads(line) for line in c.logs().splitlines() if line.startswith("{")]
     assert any(f"127.0.0.1:{port}" in r.get("message", "") for r in records), c.logs()
-    assert "image-secret" not in c.logs()
+    assert TOKEN not in c.logs()
 
 
 def test_the_image_serves_from_postgresql(
