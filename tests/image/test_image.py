@@ -126,7 +126,7 @@ def uids(pid: int) -> set[int]:
 
 
 def test_data_survives_a_sigterm_stop_and_a_new_container_on_the_same_volume(
-    containers: list[Container], volume: str
+    volume: str, containers: list[Container]
 ) -> None:
     first = run_image(containers, volume)
     client = first.wait_healthy()
@@ -159,7 +159,7 @@ def test_data_survives_a_sigterm_stop_and_a_new_container_on_the_same_volume(
 
 
 def test_the_server_runs_as_user_65534_and_the_health_check_passes(
-    containers: list[Container], volume: str
+    volume: str, containers: list[Container]
 ) -> None:
     c = run_image(containers, volume)
     c.wait_healthy().close()
@@ -177,7 +177,7 @@ def test_the_server_runs_as_user_65534_and_the_health_check_passes(
 
 
 def test_without_a_token_it_runs_on_the_container_loopback_only(
-    containers: list[Container], volume: str
+    volume: str, containers: list[Container]
 ) -> None:
     """As the original's image: it starts and is healthy inside, but the published port
     reaches nothing, and the log says which variable to set."""
@@ -200,7 +200,7 @@ def test_release_root_runs_as_root_and_the_default_image_does_not() -> None:
     assert podman("run", "--rm", "--entrypoint", "id", f"{IMAGE}-root", "-u") == "0"
 
 
-def test_every_setting_comes_from_the_environment(containers: list[Container], volume: str) -> None:
+def test_every_setting_comes_from_the_environment(volume: str, containers: list[Container]) -> None:
     """A port, a token and a log format from variables alone: the image's command has no
     flags that would override them."""
     port = free_port()
