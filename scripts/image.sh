@@ -4,6 +4,7 @@
 #                                   release-root target as nulltickets:<version>-root)
 #   scripts/image.sh test PYTHON    build, then tests/image/test_image.py (volume, restart,
 #                                   SIGTERM, user) and the agent-contract e2e tests against it
+#   scripts/image.sh base           only the base image (made once, then kept)
 #   scripts/image.sh env            print the CONTAINERS_CONF line for using podman by hand
 #
 # Installs podman, runc and debootstrap from Debian when they are missing. No registry is
@@ -78,9 +79,11 @@ path-include /usr/share/locale/locale.alias
 path-exclude /usr/share/lintian/*
 EOF
     as_root find "$root/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+    as_root find "$root/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias \
+        -exec rm -rf {} +
     as_root rm -rf "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/var/lib/apt/lists/* \
         "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
-    as_root tar -C "$root" --numeric-owner -c . | podman import \
+    as_root tar -C "$root" --numeric-owner -c . | podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'CMD ["bash"]' - "$BASE_NAME" > /dev/null
     as_root rm -rf "$root"
@@ -142,11 +145,12 @@ test_image() {
 }
 
 case ${1:-} in
+    base) tools && base ;;
     build) build ;;
     test) test_image "${2:-}" ;;
     env) tools && echo "export CONTAINERS_CONF=$CONTAINERS_CONF" ;;
     *)
-        echo "usage: scripts/image.sh build | test PYTHON | env" >&2
+        echo "usage: scripts/image.sh build | test PYTHON | base | env" >&2
         exit 2
         ;;
 esac
