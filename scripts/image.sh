@@ -3,7 +3,8 @@
 #   scripts/image.sh build          the image nulltickets:<version> (and :latest, and the
 #                                   release-root target as nulltickets:<version>-root)
 #   scripts/image.sh test PYTHON    build, then tests/image/test_image.py (volume, restart,
-#                                   SIGTERM, user) and the agent-contract e2e tests against it
+#                                   SIGTERM, user) and the agent-contract e2e tests against it,
+#                                   on SQLite and on PostgreSQL
 #   scripts/image.sh base           only the base image (made once, then kept)
 #   scripts/image.sh env            print the CONTAINERS_CONF line for using podman by hand
 #
@@ -138,9 +139,13 @@ test_image() {
     export NULLTICKETS_TEST_IMAGE=$IMAGE
     "$py" -m pytest -p no:cacheprovider tests/image -q
     # Every server of these tests is a container of the image (tests/image/serve.sh stands in
-    # for the binary: tests/server.py runs it with the server's arguments).
-    NULLTICKETS_BINARY=$PWD/tests/image/serve.sh "$py" -m pytest -p no:cacheprovider -q \
-        -n "${PYTEST_WORKERS:-2}" $AGENT_CONTRACT_TESTS
+    # for the binary: tests/server.py runs it with the server's arguments): on SQLite files in
+    # the tests' directories, then on databases of a PostgreSQL the tests start.
+    for backend in sqlite postgres; do
+        echo "agent-contract e2e tests against $IMAGE, on $backend"
+        NULLTICKETS_TEST_BACKEND=$backend NULLTICKETS_BINARY=$PWD/tests/image/serve.sh \
+            "$py" -m pytest -p no:cacheprovider -q -n "${PYTEST_WORKERS:-2}" $AGENT_CONTRACT_TESTS
+    done
     echo "image tests passed in $((SECONDS - started)) s"
 }
 
