@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # servers, leases and signals, not on the CPU. PYTEST_WORKERS=0 runs them here, one at a time.
 PYTEST_WORKERS ?= 4
 
-.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure
+.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure image test-image
 
 install: $(VENV)/.installed
 
@@ -113,6 +113,16 @@ binary: install
 test-binary: install
 	@test -x "$(BINARY)" || { echo "no $(BINARY): run 'make binary' first"; exit 1; }
 	PYTEST_WORKERS=$(PYTEST_WORKERS) bash build/test-binary.sh $(PY) $(BINARY) $(PYTEST_ARGS)
+
+# The container image (Containerfile) with podman and runc, from a Debian 12 base image made
+# here once with debootstrap (scripts/image.sh installs what is missing): localhost/nulltickets.
+image: install
+	@bash scripts/image.sh build
+
+# The image as a user runs it (tests/image: a volume, SIGTERM, a restart, its user) and the
+# agent-contract e2e tests with every server a container of it.
+test-image: install postgres
+	PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/image.sh test $(PY)
 
 # The README's binary figures: a cold build, then size, start-up and memory (build/measure.py).
 binary-measure: install

@@ -58,3 +58,20 @@ def test_every_script_a_job_calls_is_in_the_repository() -> None:
     assert called >= {"build/release.sh", "build/emulated.sh", "release/manifest.py"}
     for path in called:
         assert (ROOT / path).is_file(), path
+
+
+def test_the_image_job_builds_both_platforms_in_a_dry_run_and_pushes_only_for_a_tag() -> None:
+    jobs = workflow()["jobs"]
+    image = jobs["image"]
+    assert "if" not in image, "the image must build and run in a dry run too"
+    assert image["needs"] == "manifest"
+    build = "\n".join(runs(image))
+    assert "for arch in amd64 arm64" in build and '--platform "linux/$arch"' in build
+    assert "-f Containerfile" in build and (ROOT / "Containerfile").is_file()
+    pushes = [s for s in image["steps"] if "push" in str(s.get("run", ""))]
+    assert pushes and all(
+        s.get("if") == "github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
+        for s in pushes
+    )
+    packagers = [n for n, j in jobs.items() if j.get("permissions", {}).get("packages")]
+    assert packagers == ["image"]
