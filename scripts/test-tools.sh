@@ -4,7 +4,8 @@
 # runs); node and npm (tests/e2e/test_mcp_typescript.py drives /mcp with the TypeScript MCP
 # SDK's client, tests/mcp_ts); systemd-analyze (tests/integration/test_systemd_unit.py verifies
 # deploy/systemd with it; no running systemd needed). A no-op when they are there; otherwise
-# apt-get (as root, or through sudo). Then `npm ci` in tests/mcp_ts, once per change of its package-lock.json.
+# apt-get (as root, or through sudo). Then `npm ci` in tests/mcp_ts, once per change of its
+# package-lock.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
