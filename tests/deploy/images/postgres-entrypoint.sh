@@ -20,7 +20,7 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     echo "host all all 0.0.0.0/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
     echo "host all all ::/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
     as_postgres "$bin/pg_ctl" -D "$PGDATA" -o "-c listen_addresses=''" -w start > /dev/null
-    if [ -n "${POSTGRES_DB:-}" ] && [ "$POSTGRES_DB" != "$user" ]; then
+    if [ -n "${POSTGRES_DB:-}" ] && [ "$POSTGRES_DB" != postgres ]; then
         as_postgres "$bin/createdb" -U "$user" "$POSTGRES_DB"
     fi
     as_postgres "$bin/pg_ctl" -D "$PGDATA" -m fast -w stop > /dev/null
