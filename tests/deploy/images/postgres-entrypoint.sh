@@ -14,7 +14,7 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     pwfile=$(mktemp)
     printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
     chown postgres "$pwfile"
-    as_postgres "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" \
+    as_postgres "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" -E UTF8 --locale=C.UTF-8 \
         --auth-local=trust --auth-host=scram-sha-256 > /dev/null
     rm -f "$pwfile"
     echo "host all all 0.0.0.0/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
