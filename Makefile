@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # servers, leases and signals, not on the CPU. PYTEST_WORKERS=0 runs them here, one at a time.
 PYTEST_WORKERS ?= 4
 
-.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure image test-image
+.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure image test-image test-deploy
 
 install: $(VENV)/.installed
 
@@ -130,3 +130,9 @@ binary-measure: install
 	$(PY) build/build_apsw.py
 	$(PY) build/binary.py --cold
 	$(PY) build/measure.py
+
+# deploy/kube/nulltickets.yaml brought up with podman kube play: PostgreSQL, two servers and
+# HAProxy, one server killed mid-run (tests/deploy). Builds the image (scripts/image.sh) and
+# stand-ins for the postgres and haproxy images first; not part of `make test`.
+test-deploy: install
+	bash scripts/deploy-test.sh $(PY)

@@ -2,8 +2,10 @@
 # The command-line tools the tests use besides Python, from the distribution's packages:
 # curl and jq (the examples of the README and the docs site, which tests/e2e/test_readme.py
 # runs); node and npm (tests/e2e/test_mcp_typescript.py drives /mcp with the TypeScript MCP
-# SDK's client, tests/mcp_ts). A no-op when they are there; otherwise apt-get (as root, or
-# through sudo). Then `npm ci` in tests/mcp_ts, once per change of its package-lock.json.
+# SDK's client, tests/mcp_ts); systemd-analyze (tests/integration/test_systemd_unit.py verifies
+# deploy/systemd with it; no running systemd needed). A no-op when they are there; otherwise
+# apt-get (as root, or through sudo). Then `npm ci` in tests/mcp_ts, once per change of its
+# package-lock.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -13,6 +15,7 @@ done
 # Debian's package for node is nodejs; a node from elsewhere (NodeSource) brings its own npm.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
