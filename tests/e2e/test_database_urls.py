@@ -245,3 +245,27 @@ def test_a_usage_error_does_not_repeat_the_password(tmp_path: Path, password: st
     url = f"postgresql://u:{password}@127.0.0.1:1/db"
     result = clean(run_cli("doctor", "--db", url, "--no-such-flag", url, home=tmp_path), password)
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+def test_serve_on_a_database_not_in_utf8_refuses_in_one_line(
+    postgres: PostgresServer, tmp_path: Path, password: str, encoding: str
+) -> None:
+    """Task text is Unicode: a database in another encoding would refuse it (or, in SQL_ASCII,
+    keep bytes no one can read back), so the server refuses to start on it and says what to do."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with postgres.admin() as admin:
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING '{encoding}' "
+            "LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    url = with_password(postgres, name, password)
+    result = clean(
+        run_cli("serve", "--port", str(free_port()), "--db", url, home=tmp_path), password
+    )
+    assert result.returncode == 1
+    line = one_line(result)
+    assert line.startswith("cannot open PostgreSQL database postgresql://postgres:***@")
+    assert f"encoding {encoding}" in line and "UTF8" in line
+    with psycopg.connect(postgres.dsn(name)) as conn:  # nothing was created in it
+        assert conn.execute("SELECT to_regclass('nulltickets_schema')").fetchone() == (None,)

@@ -17,6 +17,7 @@ POSTGRES_NAMED = load_backend_queries("nulltickets.storage.postgres")
 # Queries only PostgreSQL has, and why (each also says so in postgres/queries.sql).
 POSTGRES_ONLY = {
     "lock_idempotency_key": "serialises concurrent replays of one key across servers",
+    "server_encoding": "migrate.py: refuse a database that is not UTF8",
     "schema_lock": "migrate.py: one migrator at a time",
     "schema_create": "migrate.py: the table of applied migrations",
     "schema_versions": "migrate.py: which migrations are applied",

@@ -184,8 +184,8 @@ class PostgresDatabase:
         try:
             with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as c:
                 migrate(c)
-        except StartupError:
-            raise
+        except StartupError as exc:
+            raise StartupError(f"cannot open PostgreSQL database {where}: {exc}") from None
         except psycopg.Error as exc:
             # libpq may quote the URL, or the password alone, in its message.
             reason = redact(_first_line(exc), self.url)

@@ -47,6 +47,17 @@ def migrate(conn: psycopg.Connection[Any], now_ms: int | None = None) -> int:
     """
     if not conn.autocommit:
         raise ValueError("migrate() needs a connection in autocommit mode")
+    row = conn.execute(Q["server_encoding"]).fetchone()
+    encoding = row[0] if row is not None else "unknown"
+    if isinstance(encoding, bytes):  # SQL_ASCII: psycopg gives text as bytes
+        encoding = encoding.decode("ascii", "replace")
+    if encoding != "UTF8":
+        # Task text is Unicode: another encoding refuses some of it, and SQL_ASCII keeps bytes
+        # nothing can read back as text.
+        raise StartupError(
+            f"the database has encoding {encoding}, and nulltickets needs UTF8: create it with "
+            "CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0"
+        )
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     known = migrations()
     for number, name, sql in known:

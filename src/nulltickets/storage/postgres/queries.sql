@@ -685,6 +685,10 @@ SELECT pg_advisory_xact_lock(
     1314146132, hashtext(:key || chr(10) || :method || chr(10) || :path)
 );
 
+-- server_encoding --
+-- migrate.py: the database's encoding, which must hold any Unicode text (UTF8).
+SELECT current_setting('server_encoding');
+
 -- schema_lock --
 -- migrate.py: one migrator at a time, across every process starting on this database.
 SELECT pg_advisory_xact_lock(:lock_key);
