@@ -330,10 +330,46 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
         "process with no HTTP: its CPU is the queue's and its agents' together, its claim is "
         "a fetch and its cycle a fetch and a complete.",
     ]
+    lines += ratios(section["rows"])
     model = section.get("model")
     if model:
         lines += render_model(model, section["rows"])
     return lines
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """At each number of agents: PostgreSQL `full` behind one server over SQLite `full`, two
+    and three servers over one, and the claim p99 at each server count (`full`)."""
+    got = {
+        (r["engine"], r["durability"], r["servers"], r["agents"]): r
+        for r in rows
+        if "not_measured" not in r
+    }
+    lines = []
+    for agents in sorted({r["agents"] for r in rows}):
+
+        def rate(engine: str, servers: int, agents: int = agents) -> float | None:
+            r = got.get((engine, "full", servers, agents))
+            return r["cycles_per_s"] if r and r["cycles_per_s"] > 0 else None
+
+        parts = []
+        one, sqlite = rate("postgresql", 1), rate("sqlite", 1)
+        if one and sqlite:
+            parts.append(f"PostgreSQL over SQLite, one server each, {one / sqlite:.2f}")
+        for n in SERVERS[1:]:
+            more = rate("postgresql", n)
+            if one and more:
+                parts.append(f"{n} servers over 1 {more / one:.2f}")
+        p99 = [
+            f"{got[k]['latency_ms']['claim']['p99']:.1f}"
+            for k in (("postgresql", "full", n, agents) for n in SERVERS)
+            if k in got
+        ]
+        if p99:
+            parts.append(f"claim p99 at 1, 2, 3 servers {' / '.join(p99)} ms")
+        if parts:
+            lines.append(f"`full`, {agents} agents: " + "; ".join(parts) + ".")
+    return ["", *lines] if lines else []
 
 
 def render_model(model: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

@@ -128,6 +128,10 @@ def test_the_postgres_comparison_is_its_own_table_with_every_variant_in_order() 
         ["| procrastinate", "in-process", "16", "full (synchronous_commit on)", "108"],
         ["| procrastinate", "in-process", "16", "normal (synchronous_commit off)", "109"],
     ]
+    assert (
+        "`full`, 16 agents: PostgreSQL over SQLite, one server each, 1.02; 2 servers over 1 1.01; "
+        "3 servers over 1 1.02; claim p99 at 1, 2, 3 servers 3.0 / 3.0 / 3.0 ms."
+    ) in lines
     sqlite = next(li for li in lines if li.startswith("| sqlite | 1 | 64 | full |"))
     assert sqlite.endswith("| 2.00 | - | yes |")
 
