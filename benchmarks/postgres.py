@@ -144,6 +144,7 @@ def postgres_section(
         "postgresql": None,
         "peer": {"name": peer.NAME, "version": peer_version},
         "cores_per_server": CORES_PER_SERVER,
+        "load_average": [load_average()],
         "rows": [],
     }
     try:
@@ -180,10 +181,19 @@ def postgres_section(
                 section["rows"].append(median_row(runs[v]))
                 print(f"  {agents:>3} agents, {describe(section['rows'][-1])}", flush=True)
         section["model"] = capacity_model(section["rows"])
+        section["load_average"].append(load_average())
         return section
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def load_average() -> float | None:
+    """The machine's one-minute load average (other work on a shared machine shows here)."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except OSError:
+        return None
 
 
 def describe(row: dict[str, Any]) -> str:
@@ -331,6 +341,17 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
         "a fetch and its cycle a fetch and a complete.",
     ]
     lines += ratios(section["rows"])
+    enqueued = [
+        f"{r['durability']} at {r['agents']} agents {r['enqueue_per_s']:,.0f}"
+        for r in section["rows"]
+        if r["engine"] == peer.NAME and "enqueue_per_s" in r
+    ]
+    if enqueued:
+        lines.append(
+            f"{peer.NAME} enqueued its jobs in one batch (`batch_defer_async`) at, in jobs/s: "
+            + ", ".join(enqueued)
+            + "."
+        )
     model = section.get("model")
     if model:
         lines += render_model(model, section["rows"])
@@ -429,6 +450,10 @@ def figures(section: dict[str, Any], machine: dict[str, Any], rounds: int, comma
         f"{machine['core']}), Python {machine['python']}, SQLite {machine['sqlite']}, "
         f"granian {machine['granian']}, {machine['cpus']} CPUs ({machine['machine']}), load "
         f"client {machine.get('load_client', 'python')}; the servers, PostgreSQL and the load "
-        "client all on the same machine."
+        "client all on the same machine"
     )
+    loads = [x for x in section.get("load_average", []) if x is not None]
+    if len(loads) == 2:
+        head += f" (load average {loads[0]} at the start, {loads[1]} at the end)"
+    head += "."
     return "\n".join([head, *render(section, rounds)]) + "\n"
