@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # servers, leases and signals, not on the CPU. PYTEST_WORKERS=0 runs them here, one at a time.
 PYTEST_WORKERS ?= 4
 
-.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres binary test-binary binary-measure image test-image test-deploy
+.PHONY: install postgres test-tools browser run test lint typecheck docs generate clean bench bench-quick bench-postgres bench-capacity binary test-binary binary-measure image test-image test-deploy
 
 install: $(VENV)/.installed
 
@@ -74,9 +74,19 @@ BENCH_BASELINE ?= ea98929
 bench-postgres:
 	@bash scripts/postgres.sh install || echo "PostgreSQL not installed: the postgres rows will say so"
 
+# The postgres section's table and capacity model, as docs/performance.md includes them.
+POSTGRES_FIGURES ?= benchmarks/results/postgresql.md
+
 bench: install bench-postgres
 	$(PY) -m benchmarks --out bench-results.json --markdown bench-results.md \
+		--postgres-figures $(POSTGRES_FIGURES) \
 		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+
+# The postgres section alone (SQLite, PostgreSQL with synchronous_commit on and off behind 1 to 3
+# servers, the peer queue, CPU per cycle, the capacity model): what regenerates its figures.
+bench-capacity: install bench-postgres
+	$(PY) -m benchmarks --sections postgres --out bench-postgres.json \
+		--markdown bench-postgres.md --postgres-figures $(POSTGRES_FIGURES)
 
 bench-quick: install bench-postgres
 	$(PY) -m benchmarks --quick --out bench-results.json

@@ -9,8 +9,13 @@ Sections (--sections picks some, comma-separated; all by default):
               its WAL synced by the Python thread instead of the C ones, their runs
               interleaved; full's cycles/s over normal's and over the Python thread's; and
               first the disk's own fdatasync, one and two at a time (benchmarks/disk.py)
-  postgres    the cycle on PostgreSQL at 16 and 64 agents: one server, and two servers on one
-              database with the agents split across them (a throwaway cluster of its own)
+  postgres    the PostgreSQL comparison at 16 and 64 agents, side by side: SQLite full and
+              normal; PostgreSQL with synchronous_commit on and off behind one, two and three
+              servers on one database (the agents split across them); the peer queue
+              procrastinate doing fetch and complete in-process on the same cluster (the
+              `bench` extra); cycles/s, claim p99, the servers' and PostgreSQL's CPU per
+              cycle; then the capacity model drawn from those costs (a throwaway cluster of
+              its own; --postgres-figures writes this part for the docs)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
   ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks
   idle        idle long-poll agents, idle event streams and a /metrics scrape: server CPU
@@ -152,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
     )
     p.add_argument(
+        "--postgres-figures",
+        metavar="FILE",
+        default=None,
+        help="write the postgres section's table and capacity model to FILE as Markdown "
+        "(the docs include benchmarks/results/postgresql.md)",
+    )
+    p.add_argument(
         "--baseline",
         metavar="REV",
         default=None,
@@ -222,12 +234,17 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         if "postgres" in sections:
-            print("PostgreSQL: one server, and two on one database", flush=True)
-            from benchmarks.postgres import postgres_rows
-
-            results["postgres"], results["machine"]["postgresql"] = postgres_rows(
-                work, (16,) if quick else (16, 64), 300 if quick else 1_000, rounds
+            print(
+                "PostgreSQL beside SQLite: synchronous_commit on and off, 1 to 3 servers, "
+                "and a peer",
+                flush=True,
             )
+            from benchmarks.postgres import postgres_section
+
+            results["postgres"] = postgres_section(
+                work, (4,) if quick else (16, 64), 100 if quick else 500, rounds, adapt=not quick
+            )
+            results["machine"]["postgresql"] = results["postgres"]["postgresql"]
 
         if "backlog" in sections:
             print("Backlog scaling", flush=True)
@@ -297,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
+    if args.postgres_figures and "postgres" in results:
+        from benchmarks.postgres import figures
+
+        command = "python -m benchmarks --sections postgres"
+        Path(args.postgres_figures).write_text(
+            figures(results["postgres"], results["machine"], rounds, command)
+        )
+        print(f"the postgres section's figures written to {args.postgres_figures}")
     print(f"\nresults written to {args.out}")
     return 0
 
@@ -410,7 +435,7 @@ def render(r: dict[str, Any]) -> str:
         f"SQLite {m['sqlite']}{postgres}, granian {m['granian']}, {m['cpus']} CPUs, "
         f"{m['machine']}, load client {m.get('load_client', 'python')}",
     ]
-    rows = [*r.get("cycle", []), *r.get("durability", {}).values(), *r.get("postgres", [])]
+    rows = [*r.get("cycle", []), *r.get("durability", {}).values()]
     if rows:
         lines += [
             "",
@@ -423,8 +448,7 @@ def render(r: dict[str, Any]) -> str:
         rounds = r.get("rounds", 1)
         lines.append(
             f"\nEach row is the median of {rounds} runs (a fresh server and database each); "
-            "every run's cycles/s is in the JSON. Two servers share one database, the agents "
-            "split across them; their CPU is the sum, their RSS the larger."
+            "every run's cycles/s is in the JSON."
             if rounds > 1
             else "\nEach row is one run (a fresh server and database)."
         )
@@ -452,6 +476,10 @@ def render(r: dict[str, Any]) -> str:
                     for x in r["durability_ratio"]
                 )
             )
+    if "postgres" in r:
+        from benchmarks.postgres import render as render_postgres
+
+        lines += render_postgres(r["postgres"], r.get("rounds", 1))
     if "baseline" in r:
         from benchmarks.baseline import render as render_baseline
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,23 +51,43 @@ def mean_of(metrics: str, name: str) -> float | None:
     return found["_sum"] / found["_count"]
 
 
-def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, Any]:
+def per_cycle_ms(cpu_s: float, cycles: int) -> float | None:
+    """CPU milliseconds per completed cycle, or None when none completed."""
+    return round(cpu_s * 1000 / cycles, 3) if cycles else None
+
+
+def measure(
+    servers: list[BenchServer],
+    agents: int,
+    tasks: int,
+    *,
+    postgres_cpu: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """Load `tasks` tasks through the first server, then let `agents` agents, split evenly
     across the servers, work through them. Server CPU is the sum over the servers, peak memory
-    the largest of any."""
+    the largest of any. With `postgres_cpu` (the database's CPU seconds so far), the
+    database's CPU over the same stretch comes with it."""
     pipeline = create_pipeline(servers[0])
     ids = bulk_load(servers[0], pipeline, tasks)
     cpu0 = sum(s.cpu_s() for s in servers)
+    db0 = postgres_cpu() if postgres_cpu else 0.0
     host0 = host_cpu()
     report, wall = run_agents([s.port for s in servers], agents, "worker", "complete", 4)
     host = host_share(host0, host_cpu())
     server_cpu = sum(s.cpu_s() for s in servers) - cpu0
+    db_cpu = postgres_cpu() - db0 if postgres_cpu else None
     peak = max(s.peak_rss_mb() for s in servers)
     completed = report.completed
     requests = sum(len(report.latencies[e]) for e in ENDPOINTS)
     latency_sum = sum(sum(report.latencies[e]) for e in ENDPOINTS)
     cpus = os.cpu_count() or 1
     client_cores = report.cpu_s / wall
+    database: dict[str, Any] = {}
+    if db_cpu is not None:
+        database = {
+            "postgres_cpu_cores": round(db_cpu / wall, 2),
+            "postgres_cpu_ms_per_cycle": per_cycle_ms(db_cpu, len(completed)),
+        }
     return {
         "agents": agents,
         "servers": len(servers),
@@ -86,6 +107,9 @@ def measure(servers: list[BenchServer], agents: int, tasks: int) -> dict[str, An
         "errors": report.errors,
         "server_cpu_cores": round(server_cpu / wall, 2),
         "client_cpu_cores": round(client_cores, 2),
+        "server_cpu_ms_per_cycle": per_cycle_ms(server_cpu, len(completed)),
+        "client_cpu_ms_per_cycle": per_cycle_ms(report.cpu_s, len(completed)),
+        **database,
         "client_bound": client_cores > 0.5 * cpus,
         "server_peak_rss_mb": round(peak, 1),
         "host": host,

@@ -10,10 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.__main__ import SECTIONS, cycle_row, parse_sections, render
+from benchmarks.__main__ import SECTIONS, parse_sections, render
 from benchmarks.baseline import BaselineError, BaselineTree, common_core, compare
 from benchmarks.baseline import render as render_baseline
-from benchmarks.postgres import unavailable_rows
+from benchmarks.postgres import (
+    VARIANTS,
+    Variant,
+    capacity_model,
+    not_measured,
+    render_model,
+    table_row,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,21 +99,64 @@ def test_both_sides_run_the_compiled_core_only_when_both_have_it() -> None:
     assert common_core("python", "compiled") == "python"
 
 
-def test_postgresql_rows_sit_in_the_sqlite_table_with_their_server_count() -> None:
-    results = {
-        "machine": {**MACHINE, "postgresql": "15.18"},
-        "rounds": 3,
-        "cycle": [row(3400.0)],
-        "postgres": [row(900.0, engine="postgresql"), row(1200.0, engine="postgresql", servers=2)],
-    }
+def pg_row(v: Variant, agents: int, rate: float, server_ms: float, db_ms: float) -> dict[str, Any]:
+    r = {**row(rate, engine=v.engine, servers=v.servers, agents=agents), "durability": v.durability}
+    r["server_cpu_ms_per_cycle"] = server_ms
+    if v.engine != "sqlite":
+        r["postgres_cpu_ms_per_cycle"] = db_ms
+    return r
+
+
+def test_the_postgres_comparison_is_its_own_table_with_every_variant_in_order() -> None:
+    rows = [pg_row(v, a, 100.0 + i, 2.0, 1.0) for a in (16, 64) for i, v in enumerate(VARIANTS)]
+    section = {"postgresql": "15.18", "peer": {"name": "procrastinate", "version": "3.10.0"}}
+    section |= {"rows": rows, "model": capacity_model(rows)}
+    results = {"machine": {**MACHINE, "postgresql": "15.18"}, "rounds": 3, "postgres": section}
     lines = render(results).splitlines()
     assert "PostgreSQL 15.18" in lines[0]
-    body = [li for li in lines if li.startswith(("| sqlite", "| postgresql"))]
-    assert [li.split(" | ")[:5] for li in body] == [
-        ["| sqlite", "1", "16", "normal", "3400"],
-        ["| postgresql", "1", "16", "normal", "900"],
-        ["| postgresql", "2", "16", "normal", "1200"],
+    assert "PostgreSQL 15.18; peer: procrastinate 3.10.0" in lines
+    body = [li.split(" | ")[:5] for li in lines if li.startswith("| ") and " | 16 | " in li]
+    assert body == [
+        ["| sqlite", "1", "16", "full", "100"],
+        ["| sqlite", "1", "16", "normal", "101"],
+        ["| postgresql", "1", "16", "full (synchronous_commit on)", "102"],
+        ["| postgresql", "2", "16", "full (synchronous_commit on)", "103"],
+        ["| postgresql", "3", "16", "full (synchronous_commit on)", "104"],
+        ["| postgresql", "1", "16", "normal (synchronous_commit off)", "105"],
+        ["| postgresql", "2", "16", "normal (synchronous_commit off)", "106"],
+        ["| postgresql", "3", "16", "normal (synchronous_commit off)", "107"],
+        ["| procrastinate", "in-process", "16", "full (synchronous_commit on)", "108"],
+        ["| procrastinate", "in-process", "16", "normal (synchronous_commit off)", "109"],
     ]
+    assert (
+        "`full`, 16 agents: PostgreSQL over SQLite, one server each, 1.02; 2 servers over 1 1.01; "
+        "3 servers over 1 1.02; claim p99 at 1, 2, 3 servers 3.0 / 3.0 / 3.0 ms."
+    ) in lines
+    sqlite = next(li for li in lines if li.startswith("| sqlite | 1 | 64 | full |"))
+    assert sqlite.endswith("| 2.00 | - | yes |")
+
+
+def test_the_capacity_model_is_the_lesser_of_the_servers_and_postgresql_cpu() -> None:
+    # s = 2 ms of server CPU per cycle: 500 cycles/s per server core; p = 0.5 ms of PostgreSQL
+    # CPU: 2,000 per PostgreSQL core; so 4 servers per PostgreSQL core.
+    pg = [v for v in VARIANTS if v.engine == "postgresql" and v.durability == "full"]
+    rows = [pg_row(v, 64, 300.0, 2.0, 0.5) for v in pg]
+    rows += [pg_row(v, 16, 300.0, 9.0, 9.0) for v in pg]  # the largest agent count counts
+    model = capacity_model(rows)
+    assert model is not None and model["agents"] == 64
+    assert model["grid"]["2"]["1"] == 500  # one server: its own core is the limit
+    assert model["grid"]["2"]["8"] == 4000  # eight servers: two PostgreSQL cores are
+    assert model["grid"]["2"]["16"] == 4000
+    assert model["grid"]["32"]["16"] == 8000
+    assert model["servers_per_postgres_core"] == 4.0
+    text = "\n".join(render_model(model, rows))
+    assert "| 2 | 500 | 1,000 | 1,500 | 2,000 | 4,000 | 4,000 | 8.0 servers |" in text
+    assert "servers stop adding throughput at N = K * s / p = 4.00 * K" in text
+
+
+def test_no_model_without_a_measured_postgresql_row() -> None:
+    v = Variant("postgresql", "full", 1)
+    assert capacity_model([not_measured(v, 16, "no PostgreSQL server found")]) is None
 
 
 def test_durability_rows_sit_in_the_table_with_full_over_normal_per_agent_count() -> None:
@@ -139,14 +189,15 @@ def test_durability_rows_sit_in_the_table_with_full_over_normal_per_agent_count(
 
 
 def test_a_postgresql_that_could_not_start_is_a_row_saying_why() -> None:
-    rows = unavailable_rows((16, 64), "no PostgreSQL server found")
-    assert [(r["agents"], r["servers"]) for r in rows] == [(16, 1), (16, 2), (64, 1), (64, 2)]
-    line = cycle_row(rows[1])
-    assert line.startswith("| postgresql | 2 | 16 | normal | not measured: no PostgreSQL")
-    header = "| engine | servers | agents | durability | cycles/s | req/s | claim p50/p99 ms | "
-    header += "event p99 ms | transition p99 ms | server CPU | client CPU | peak RSS MB | "
-    header += "exactly once |"
+    line = table_row(not_measured(Variant("postgresql", "normal", 2), 16, "no PostgreSQL"))
+    assert line.startswith(
+        "| postgresql | 2 | 16 | normal (synchronous_commit off) | not measured: no PostgreSQL"
+    )
+    header = "| system | servers | agents | durability | cycles/s | each run | claim p99 ms | "
+    header += "server CPU ms/cycle | PostgreSQL CPU ms/cycle | exactly once |"
     assert line.count("|") == header.count("|")
+    results = {"machine": MACHINE, "rounds": 1, "postgres": {"rows": [], "postgresql": None}}
+    assert header in render(results)
 
 
 def test_sections_are_checked_by_name() -> None:

@@ -1,0 +1,56 @@
+"""The benchmark's postgres section at a tiny size, against real servers, a real PostgreSQL
+cluster and the real peer queue: every variant has its row (SQLite `full` and `normal`;
+PostgreSQL with synchronous_commit on and off behind one, two and three servers; the peer with
+both), every task is done exactly once, the CPU per cycle of the servers and of PostgreSQL is
+measured, and the capacity model is drawn from them. No figure is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from benchmarks.__main__ import main, render
+from benchmarks.postgres import VARIANTS
+
+pytestmark = pytest.mark.process
+
+
+def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -> None:
+    out, table, figures = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "figures.md"
+    argv = ["--quick", "--sections", "postgres", "--out", str(out), "--markdown", str(table)]
+    assert main([*argv, "--postgres-figures", str(figures)]) == 0
+    results = json.loads(out.read_text())
+    section = results["postgres"]
+    rows = section["rows"]
+    assert [(r["engine"], r["durability"], r["servers"], r["agents"]) for r in rows] == [
+        (v.engine, v.durability, v.servers, 4) for v in VARIANTS
+    ]
+    assert [r for r in rows if "not_measured" in r] == []
+    assert section["postgresql"] and section["peer"]["version"]
+    for r in rows:
+        assert r["completed_exactly_once"], r
+        assert r["cycles_per_s"] > 0 and r["server_cpu_ms_per_cycle"] > 0, r
+        assert r["latency_ms"]["claim"]["p99"] > 0, r
+        if r["engine"] == "sqlite":
+            assert "postgres_cpu_ms_per_cycle" not in r
+        else:
+            assert r["postgres_cpu_ms_per_cycle"] > 0, r
+    model = section["model"]
+    assert sorted(model["costs"]) == ["1", "2", "3"]
+    assert model["grid"]["8"]["16"] >= model["grid"]["8"]["1"] > 0
+
+    text = table.read_text()
+    assert text == render(results) + "\n"
+    for v in VARIANTS:
+        servers = "in-process" if v.servers == 0 else str(v.servers)
+        durability = v.durability
+        if v.engine != "sqlite":
+            durability += f" (synchronous_commit {'on' if v.durability == 'full' else 'off'})"
+        assert f"| {v.engine} | {servers} | 4 | {durability} | " in text, v
+    assert "cycles/s = min(N * 1 * 1000 / s, K * 1000 / p)" in text
+    assert "| 32 | " in text and " servers |" in text
+    assert "procrastinate on the same cluster: full " in text
+    written = figures.read_text()
+    assert written.startswith("Measured ") and "python -m benchmarks --sections postgres" in written
+    assert written.split("\n", 1)[1] in text
