@@ -80,9 +80,12 @@ class TrackerBase:
         self._transitions: dict[tuple[str, str], list[AvailableTransition]] = {}
         self._lock = threading.Lock()
         self._next_expiry = 0  # 0: unknown
-        # Per role: the pipelines it was built from, and (pipeline, stage, max_concurrency) of
-        # the stages with a limit.
-        self._capped: dict[str, tuple[frozenset[str], list[tuple[str, str, int]]]] = {}
+        # Per role: the pipelines it was built from, (pipeline, stage, max_concurrency) of the
+        # stages with a limit, and (pipeline, stage, lease_ttl_ms) of those with a lease TTL.
+        self._capped: dict[
+            str,
+            tuple[frozenset[str], list[tuple[str, str, int]], list[tuple[str, str, int]]],
+        ] = {}
 
     if TYPE_CHECKING:  # what one area asks of another (Tracker has them all)
 

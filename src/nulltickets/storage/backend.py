@@ -18,6 +18,7 @@ storage/sqlite/backend.py (SqliteBackend), storage/postgres/backend.py (Postgres
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -63,6 +64,30 @@ from nulltickets.errors import (
 StageBoardRow = tuple[str, str, str | None, int, int | None, int, int, int, int, int]
 # (role, claimable, oldest claimable created_at_ms or None, failed, stuck, near expiry)
 QueueRow = tuple[str, int, int | None, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What `Backend.claim` did: the task, the attempt its new run is, the fence the claim
+    raised it to, its checkpoint JSON (or None), when the new lease expires and its TTL, and
+    the earlier failed attempts (read only when this is not the first attempt)."""
+
+    task: Task
+    attempt: int
+    fence: int
+    checkpoint_json: str | None
+    expires_at_ms: int
+    ttl_ms: int
+    previous_failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
+class NewPipeline:
+    """`Backend.claim` chose a task of a pipeline the caller's limits were not read from (one
+    created since): nothing was claimed; read the limits again and claim again."""
+
+    pipeline_id: str
+
 
 _MIN_TIME = -(2**63)
 _MAX_TIME = 2**63 - 1
@@ -457,6 +482,60 @@ class Backend:
         row = self._one("claim_candidate", params)
         return None if row is None else _task(row)
 
+    def claim(
+        self,
+        *,
+        agent_role: str,
+        agent_id: str,
+        run_id: str,
+        lease_id: str,
+        token_hash: bytes,
+        ttl_ms: int | None,
+        stage_ttls: Sequence[tuple[str, str, int]],
+        default_ttl_ms: int,
+        full_stages: Sequence[str],
+        capped: Sequence[tuple[str, str, int]],
+        known_pipelines: frozenset[str] | None,
+        now: int,
+    ) -> Claimed | NewPipeline | None:
+        """A whole claim: choose the best claimable task of the role (as claim_candidate,
+        passing over `full_stages` and the (pipeline, stage, cap) of `capped` whose running
+        runs reached their cap), start run `run_id` on it, raise its fence, and lease it as
+        `lease_id` under `token_hash` for `ttl_ms` (None: the TTL `stage_ttls` gives its
+        (pipeline, stage), else `default_ttl_ms`). None when nothing is claimable;
+        NewPipeline, having claimed nothing, when the task's pipeline is not among
+        `known_pipelines` (None: any pipeline will do). A claim that lost its task to another
+        raises as insert_run does. Composed here of the statements it names; a backend may
+        run it as one statement (PostgreSQL: claim_task)."""
+        full_pairs = [
+            (pipeline_id, stage)
+            for pipeline_id, stage, cap in capped
+            if self.leased_in_pipeline_stage(pipeline_id, stage) >= cap
+        ]
+        task = self.claim_candidate(agent_role, agent_id, now, full_stages, full_pairs)
+        if task is None:
+            return None
+        if known_pipelines is not None and task.pipeline_id not in known_pipelines:
+            return NewPipeline(task.pipeline_id)
+        if ttl_ms is None:
+            ttls = {(p, s): t for p, s, t in stage_ttls}
+            ttl_ms = ttls.get((task.pipeline_id, task.stage), default_ttl_ms)
+        attempt = self.insert_run(run_id, task.id, agent_id, agent_role, now, lease_id)
+        fence, checkpoint_json = self.bump_fence(task.id)
+        expires = now + ttl_ms
+        self.insert_lease(
+            id=lease_id,
+            run_id=run_id,
+            agent_id=agent_id,
+            token_hash=token_hash,
+            expires_at_ms=expires,
+            ttl_ms=ttl_ms,
+            fence=fence,
+            now=now,
+        )
+        failures = self.previous_failures(task.id) if attempt > 1 else []
+        return Claimed(task, attempt, fence, checkpoint_json, expires, ttl_ms, failures)
+
     def insert_run(
         self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
     ) -> int:
@@ -517,6 +596,30 @@ class Backend:
         self._exec(
             "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
         )
+
+    def extend_held_lease(
+        self,
+        id: str,
+        token_hash: bytes,
+        fence: int | None,
+        ttl_ms: int | None,
+        default_ttl_ms: int,
+        now: int,
+    ) -> int | None:
+        """A heartbeat in one statement: extend lease `id`, only if it is held with
+        `token_hash`, is live at `now` and (when given) still has `fence`, by `ttl_ms` (None:
+        its own TTL, else `default_ttl_ms`), which becomes its TTL. The new expiry, or None
+        when one of those failed (nothing changed; the caller finds out which)."""
+        params = {
+            "id": id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "ttl_ms": ttl_ms,
+            "default_ttl_ms": default_ttl_ms,
+            "now": now,
+        }
+        value: int | None = self._value("extend_held_lease", params)
+        return value
 
     def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
         return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0

@@ -10,6 +10,7 @@ so with LostRace, on which the database runs the whole unit of work again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -18,10 +19,18 @@ from typing import Any, LiteralString
 import msgspec
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
-from nulltickets.domain.model import LeaseRow, Task
+from nulltickets.domain.model import Failure, LeaseRow, Task
 from nulltickets.errors import StorageBusy
-from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
+from nulltickets.storage.backend import (
+    Backend,
+    Claimed,
+    NewPipeline,
+    QueueRow,
+    StageBoardRow,
+    _task,
+)
 from nulltickets.storage.queries import load_backend_queries
 
 Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
@@ -35,6 +44,15 @@ class LostRace(StorageBusy):
 
 
 _decode_any = msgspec.json.Decoder()
+_failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | None]])
+
+# Statements that are, when a unit of work that writes starts with them, that whole unit of
+# work: each then runs as its own transaction (autocommit), so PostgreSQL sees one message and
+# answers once, with no BEGIN and no COMMIT of their own. Each writes everything it writes in
+# itself, and what comes back says whether it wrote; when it did, the unit of work runs no
+# other statement (nothing after it could be in its transaction: the backend refuses to).
+# When one of them comes after another statement, it runs in that transaction, as any other.
+ALONE = frozenset({"claim_task", "extend_held_lease", "insert_event_under_lease"})
 
 
 def compact(text: str | None) -> str | None:
@@ -66,10 +84,34 @@ class PostgresBackend(Backend):
         self.notifications: list[tuple[str, int, str | None]] = []
         # Keys this unit of work revoked, told to every server at its COMMIT.
         self.revoked: list[str] = []
+        # The statement of ALONE that was this whole unit of work and is committed, if any.
+        self.committed_alone: str | None = None
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
-        return self.conn.execute(sql, params)
+        conn = self.conn
+        if self.committed_alone is not None:
+            raise RuntimeError(
+                f"{name} after {self.committed_alone}, which was its unit of work and committed"
+            )
+        if (
+            name in ALONE
+            and self.writing
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            conn.autocommit = True
+            try:
+                cur = conn.execute(sql, params)
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a broken connection: pool drops it
+                    conn.autocommit = False
+            self.committed_alone = name  # until its caller sees that it wrote nothing
+            return cur
+        return conn.execute(sql, params)
+
+    def _wrote_nothing(self) -> None:
+        """The statement of ALONE just run changed nothing: the unit of work goes on."""
+        self.committed_alone = None
 
     def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self._cur(name, params or {}).fetchall()
@@ -134,6 +176,82 @@ class PostgresBackend(Backend):
         chunks.append(payload)
         for chunk in chunks:
             self._exec("notify", {"payload": chunk})
+
+    # --- the agent's cycle, each verb one statement (ALONE) ------------------------------------
+
+    def claim(
+        self,
+        *,
+        agent_role: str,
+        agent_id: str,
+        run_id: str,
+        lease_id: str,
+        token_hash: bytes,
+        ttl_ms: int | None,
+        stage_ttls: Sequence[tuple[str, str, int]],
+        default_ttl_ms: int,
+        full_stages: Sequence[str],
+        capped: Sequence[tuple[str, str, int]],
+        known_pipelines: frozenset[str] | None,
+        now: int,
+    ) -> Claimed | NewPipeline | None:
+        # claim_task: the statements of Backend.claim as one.
+        params = {
+            "agent_role": agent_role,
+            "agent_id": agent_id,
+            "run_id": run_id,
+            "lease_id": lease_id,
+            "token_hash": token_hash,
+            "ttl_ms": ttl_ms,
+            "stage_ttls": _encode(stage_ttls).decode() if stage_ttls else None,
+            "default_ttl_ms": default_ttl_ms,
+            "full_stages": _encode(full_stages).decode() if full_stages else None,
+            "capped": _encode(capped).decode() if capped else None,
+            "known": None if known_pipelines is None else _encode(sorted(known_pipelines)).decode(),
+            "now": now,
+        }
+        row = self._one("claim_task", params)
+        if row is None or row[15] is None:
+            self._wrote_nothing()
+        if row is None:
+            return None
+        task = _task(row[:15])
+        if row[15] is None:
+            if known_pipelines is not None and task.pipeline_id not in known_pipelines:
+                return NewPipeline(task.pipeline_id)
+            raise LostRace("the task was claimed at the same moment; claim again")
+        failures = [Failure(*f) for f in _failures.decode(row[20])] if row[20] else []
+        return Claimed(
+            task, int(row[15]), int(row[16]), compact(row[17]), int(row[18]), int(row[19]), failures
+        )
+
+    def extend_held_lease(
+        self,
+        id: str,
+        token_hash: bytes,
+        fence: int | None,
+        ttl_ms: int | None,
+        default_ttl_ms: int,
+        now: int,
+    ) -> int | None:
+        expires = super().extend_held_lease(id, token_hash, fence, ttl_ms, default_ttl_ms, now)
+        if expires is None:
+            self._wrote_nothing()
+        return expires
+
+    def insert_event_under_lease(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        kind: str,
+        data_json: str,
+        now: int,
+    ) -> int | None:
+        event_id = super().insert_event_under_lease(run_id, token_hash, fence, kind, data_json, now)
+        if event_id is None:
+            self._wrote_nothing()
+        return event_id
 
     # --- checkpoints: JSONB's text, compacted as SQLite writes it ------------------------------
 

@@ -230,6 +230,147 @@ WHERE s.agent_role = :agent_role
 ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
 LIMIT 1;
 
+-- claim_task --
+-- Backend.claim in one statement (its own transaction: see PostgresBackend.ALONE): the choice
+-- of claim_candidate (the same walk, locks and order; stages at their cap are counted here,
+-- :capped an array of [pipeline_id, stage, cap], NULL when none is capped), then, unless the
+-- task's pipeline is not in :known (an array of pipeline ids; NULL: any), the run of
+-- insert_run, the fence of bump_fence, the lease of insert_lease (its TTL :ttl_ms, else the
+-- one :stage_ttls gives its stage as [pipeline_id, stage, ttl_ms], else :default_ttl_ms) and
+-- the task's earlier failures (previous_failures, when this is not its first attempt). The
+-- chosen task comes back whether or not it was claimed: attempt NULL means it was not (its
+-- pipeline is unknown, or, through runs_one_running_per_task, another server claimed it
+-- first; see claim_candidate), and nothing was written. No row: nothing is claimable.
+WITH candidate AS (
+    SELECT
+        c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+        c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+        c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
+    FROM pipeline_stages AS s
+    CROSS JOIN LATERAL (
+        SELECT
+            t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+            t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+            t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+        FROM tasks AS t
+        WHERE t.pipeline_id = s.pipeline_id
+            AND t.stage = s.stage
+            AND t.dead_letter_reason IS NULL
+            AND t.next_eligible_at_ms <= :now
+            AND NOT EXISTS (
+                SELECT 1 FROM runs AS r
+                WHERE r.task_id = t.id AND r.status = 'running'
+            )
+            AND NOT EXISTS (
+                SELECT 1
+                FROM task_dependencies AS d
+                JOIN tasks AS u ON u.id = d.depends_on_task_id
+                LEFT JOIN pipeline_stages AS us
+                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+                WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+            )
+            AND (
+                NOT EXISTS (
+                    SELECT 1 FROM task_assignments AS a
+                    WHERE a.task_id = t.id AND a.active
+                )
+                OR EXISTS (
+                    SELECT 1 FROM task_assignments AS a
+                    WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
+                )
+            )
+        ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
+        LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED
+    ) AS c
+    WHERE s.agent_role = :agent_role
+        AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
+        AND NOT EXISTS (
+            SELECT 1
+            FROM jsonb_array_elements(:capped::jsonb) AS k (v)
+            WHERE k.v ->> 0 = s.pipeline_id
+                AND k.v ->> 1 = s.stage
+                AND (
+                    SELECT count(*)
+                    FROM runs AS r
+                    JOIN tasks AS t ON t.id = r.task_id
+                    WHERE r.status = 'running'
+                        AND t.pipeline_id = s.pipeline_id
+                        AND t.stage = s.stage
+                ) >= (k.v ->> 2)::bigint
+        )
+    ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
+    LIMIT 1
+),
+started AS (
+    INSERT INTO runs (
+        id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json, lease_id
+    )
+    SELECT
+        :run_id,
+        c.id,
+        (SELECT coalesce(max(r.attempt), 0) + 1 FROM runs AS r WHERE r.task_id = c.id),
+        'running',
+        :agent_id,
+        :agent_role,
+        :now,
+        '{}',
+        :lease_id
+    FROM candidate AS c
+    WHERE :known::jsonb IS NULL OR :known::jsonb ? c.pipeline_id
+    ON CONFLICT DO NOTHING
+    RETURNING task_id, attempt
+),
+fenced AS (
+    UPDATE tasks AS t
+    SET fence = t.fence + 1
+    FROM started AS r
+    WHERE t.id = r.task_id
+    RETURNING t.fence, t.checkpoint_json::text AS checkpoint_json, t.pipeline_id, t.stage
+),
+leased AS (
+    INSERT INTO leases (
+        id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
+    )
+    SELECT :lease_id, :run_id, :agent_id, :token_hash, :now + x.ttl, :now, x.ttl, f.fence
+    FROM fenced AS f
+    CROSS JOIN LATERAL (
+        SELECT coalesce(
+            :ttl_ms::bigint,
+            (
+                SELECT (e.v ->> 2)::bigint
+                FROM jsonb_array_elements(:stage_ttls::jsonb) AS e (v)
+                WHERE e.v ->> 0 = f.pipeline_id AND e.v ->> 1 = f.stage
+                LIMIT 1
+            ),
+            :default_ttl_ms::bigint
+        ) AS ttl
+    ) AS x
+    RETURNING expires_at_ms, ttl_ms
+)
+SELECT
+    c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+    c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+    c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms,
+    r.attempt, f.fence, f.checkpoint_json, l.expires_at_ms, l.ttl_ms,
+    CASE WHEN r.attempt > 1 THEN (
+        SELECT jsonb_agg(
+            jsonb_build_array(p.attempt, p.id, p.status, p.error_text, p.ended_at_ms)
+            ORDER BY p.attempt DESC
+        )::text
+        FROM (
+            SELECT attempt, id, status, error_text, ended_at_ms
+            FROM runs
+            WHERE task_id = c.id AND status IN ('failed', 'stale')
+            ORDER BY attempt DESC
+            LIMIT 20
+        ) AS p
+    ) END
+FROM candidate AS c
+LEFT JOIN started AS r ON true
+LEFT JOIN fenced AS f ON true
+LEFT JOIN leased AS l ON true;
+
 -- insert_run --
 -- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
 -- Not one-to-one: when the task already has a running run (another server's claim won, see
@@ -301,6 +442,24 @@ LIMIT 1
 -- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
 FOR SHARE OF l
 RETURNING id;
+
+-- extend_held_lease --
+-- A heartbeat: the lease extended only if it is held with this token, is live and (when one is
+-- given) still has this fence, by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
+-- becomes its TTL; the check and the write in one statement (its own transaction: see
+-- PostgresBackend.ALONE). No row back means one of those failed; the caller then finds out
+-- which. Not one-to-one: it locks the lease row alone, not its task's first (see the top); it
+-- holds no other lock, so it waits for whoever holds the lease and no one waits for it while
+-- it does. A lease deleted meanwhile (a transition, the reaper) is found gone.
+UPDATE leases
+SET expires_at_ms = :now + coalesce(:ttl_ms::bigint, nullif(ttl_ms, 0), :default_ttl_ms::bigint),
+    last_heartbeat_ms = :now,
+    ttl_ms = coalesce(:ttl_ms::bigint, nullif(ttl_ms, 0), :default_ttl_ms::bigint)
+WHERE id = :id
+    AND token_hash = :token_hash
+    AND expires_at_ms > :now
+    AND (:fence::bigint IS NULL OR fence = :fence::bigint)
+RETURNING expires_at_ms;
 
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).

@@ -248,6 +248,21 @@ WHERE l.run_id = :run_id
 LIMIT 1
 RETURNING id;
 
+-- extend_held_lease --
+-- A heartbeat: the lease extended only if it is held with this token, is live and (when one is
+-- given) still has this fence, by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
+-- becomes its TTL; the check and the write in one statement. No row back means one of those
+-- failed; the caller then finds out which.
+UPDATE leases
+SET expires_at_ms = :now + coalesce(:ttl_ms, nullif(ttl_ms, 0), :default_ttl_ms),
+    last_heartbeat_ms = :now,
+    ttl_ms = coalesce(:ttl_ms, nullif(ttl_ms, 0), :default_ttl_ms)
+WHERE id = :id
+    AND token_hash = :token_hash
+    AND expires_at_ms > :now
+    AND (:fence IS NULL OR fence = :fence)
+RETURNING expires_at_ms;
+
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: a claim skips leased tasks).
 SELECT l.id, l.run_id, l.expires_at_ms
