@@ -266,6 +266,77 @@ def test_a_heartbeat_in_one_statement_needs_its_token_its_time_and_its_fence(
     )
 
 
+@covers("Backend.transition_run")
+def test_a_whole_transition_needs_the_lease_and_a_move_for_the_tasks_stage(
+    database: Database,
+) -> None:
+    """Backend.transition_run, which PostgreSQL runs as one statement: refused, changing
+    nothing, unless every condition holds; then the run completed, the task moved, the lease
+    gone and the event recorded."""
+
+    def job(b: Backend) -> tuple[str, str, str]:
+        pipeline_id = make_pipeline(b)
+        task_id = make_task(b, pipeline_id)
+        waiting = make_task(b, pipeline_id, stage="review")
+        b.insert_dependency(waiting, task_id, NOW)
+        return pipeline_id, task_id, waiting
+
+    pipeline_id, task_id, _waiting = database.write_sync(job)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    data = '{"trigger":"ship","from":"todo","to":"review","instructions":""}'
+    moves = (("other", "todo", "done", "{}"), (pipeline_id, "todo", "review", data))
+
+    def move(
+        token: bytes = got.token_hash,
+        fence: int | None = None,
+        stage: str | None = None,
+        version: int | None = None,
+        moves: tuple[tuple[str, str, str, str], ...] = moves,
+        now: int = NOW + 10,
+    ) -> Any:
+        return database.write_sync(
+            lambda b: b.transition_run(
+                run_id=got.run_id,
+                token_hash=token,
+                fence=fence,
+                expected_stage=stage,
+                expected_task_version=version,
+                moves=moves,
+                usage_json='{"tokens":3}',
+                now=now,
+            )
+        )
+
+    assert move(token=b"x" * 32) is None
+    assert move(fence=2) is None
+    assert move(now=NOW + 1_000) is None  # expired
+    assert move(stage="review") is None
+    assert move(version=2) is None
+    assert (
+        move(moves=(("other", "todo", "done", "{}"), (pipeline_id, "review", "done", "{}"))) is None
+    )
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None and lease.run_status == "running"  # nothing changed
+    assert database.read_sync(lambda b: b.list_events(got.run_id, 0, 10)) == []
+    moved = move(fence=1, stage="todo", version=1)
+    assert (moved.pipeline_id, moved.task_id, moved.from_stage, moved.to_stage) == (
+        pipeline_id,
+        task_id,
+        "todo",
+        "review",
+    )
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.updated_at_ms) == ("review", 2, NOW + 10)
+    run = database.read_sync(lambda b: b.run_by_id(got.run_id))
+    assert (run.status, run.ended_at_ms) == ("completed", NOW + 10)
+    assert database.read_sync(lambda b: b.lease_by_run(got.run_id)) is None
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.kind, e.ts_ms, json.loads(bytes(e.data))) for e in events] == [
+        ("transition", NOW + 10, json.loads(data))
+    ]
+    assert move(fence=1) is None  # once
+
+
 @covers("Backend.insert_run", "Backend.end_run", "Backend.list_task_runs")
 def test_the_data_keeps_one_running_run_per_task(database: Database) -> None:
     """Whatever chooses the task, the database itself refuses a second running run (and the

@@ -60,7 +60,23 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend, NewPipeline
+from nulltickets.storage.backend import Backend, Claimed, NewPipeline
+
+# What Leases._moves keeps and sends: the triggers it knows the moves of, and the moves of
+# one trigger sent with a transition.
+MAX_TRIGGERS = 256
+MAX_MOVES = 64
+
+
+def _transition_data(trigger: str, from_stage: str, to_stage: str, instructions: str | None) -> str:
+    """The data of a `transition` event."""
+    data = {
+        "trigger": trigger,
+        "from": from_stage,
+        "to": to_stage,
+        "instructions": instructions or "",
+    }
+    return _json(data)
 
 
 class Leases(TrackerBase):
@@ -176,6 +192,7 @@ class Leases(TrackerBase):
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
         run_id, lease_id = new_id(), new_id()
         token, token_hash = new_lease_token()
+        got: Claimed | NewPipeline | None = None
         for _ in range(3):
             known, capped, ttls = self._role_limits(b, cmd.agent_role)
             got = b.claim(
@@ -424,6 +441,7 @@ class Leases(TrackerBase):
         "/runs/{id}/transition",
         "Complete the run and move its task along a transition.",
         guard=Guard.LEASE,
+        name="transition",
         request=commands.MoveTask,
         response=model.TransitionResult,
         errors=(
@@ -444,7 +462,40 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
+    def move(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: MoveTask, now: int
+    ) -> TransitionResult:
+        """Complete the run and move its task. With the lease in order and the move known
+        (nearly always), that is one call of `Backend.transition_run` (on PostgreSQL one
+        statement); otherwise the lease is checked and the move decided step by step, which
+        says what is wrong, if anything."""
+        moves = self._moves(cmd.trigger, cmd.instructions)
+        try:
+            usage = compact_json(cmd.usage, "{}") or "{}"
+        except InvalidJson:
+            usage, moves = "", None  # said after the lease's errors, below
+        if moves is not None:
+            moved = b.transition_run(
+                run_id=run_id,
+                token_hash=token_hash,
+                fence=cmd.expected_fence,
+                expected_stage=cmd.expected_stage,
+                expected_task_version=cmd.expected_task_version,
+                moves=moves,
+                usage_json=usage,
+                now=now,
+            )
+            if moved is not None:
+                if not moved.notified:
+                    self._moved(
+                        b, moved.pipeline_id, moved.task_id, moved.from_stage, moved.to_stage
+                    )
+                return TransitionResult(moved.from_stage, moved.to_stage, cmd.trigger)
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        return self.transition(b, lease, cmd, now)
+
     def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
+        """The transition step by step, under the lease checked."""
         if lease.run_status != RunStatus.RUNNING:
             raise RunNotRunning()
         pipeline = self._definition(b, lease.pipeline_id)
@@ -465,20 +516,65 @@ class Leases(TrackerBase):
             raise TaskVersionMismatch()
         b.delete_lease(lease.id)
         instructions = cmd.instructions if cmd.instructions is not None else move.instructions
-        data = {
-            "trigger": cmd.trigger,
-            "from": lease.stage,
-            "to": move.to_stage,
-            "instructions": instructions or "",
-        }
-        b.insert_event(lease.run_id, "transition", _json(data), now)
-        if self._listening:
-            self._signal(b, lease.pipeline_id, lease.stage)  # capacity freed in the old stage
-            self._signal(b, lease.pipeline_id, move.to_stage)  # new work in the new one
-            if pipeline.is_terminal(move.to_stage):  # dependents may be unblocked
-                for pipeline_id, stage in b.dependent_stages(lease.task_id):
-                    self._signal(b, pipeline_id, stage)
+        data = _transition_data(cmd.trigger, lease.stage, move.to_stage, instructions)
+        b.insert_event(lease.run_id, "transition", data, now)
+        self._moved(b, lease.pipeline_id, lease.task_id, lease.stage, move.to_stage)
         return TransitionResult(lease.stage, move.to_stage, cmd.trigger)
+
+    def _moved(
+        self, b: Backend, pipeline_id: str, task_id: str, from_stage: str, to_stage: str
+    ) -> None:
+        """The wake-ups of a task moved: capacity freed in the old stage, new work in the new
+        one, and, when that one is terminal, the tasks that depend on it."""
+        if not self._listening:
+            return
+        self._signal(b, pipeline_id, from_stage)
+        self._signal(b, pipeline_id, to_stage)
+        pipeline = self._definition(b, pipeline_id)
+        if pipeline is not None and pipeline.is_terminal(to_stage):
+            for dependent_pipeline, stage in b.dependent_stages(task_id):
+                self._signal(b, dependent_pipeline, stage)
+
+    def _moves(
+        self, trigger: str, instructions: str | None
+    ) -> list[tuple[str, str, str, str]] | None:
+        """Every move `trigger` makes in the pipelines this process has read, as
+        (pipeline, from stage, to stage, the transition event's data): what
+        Backend.transition_run chooses from. None when there is none (or too many to send):
+        the transition then goes step by step, reading the pipeline it needs."""
+        pipelines = self._pipelines
+        known = self._by_trigger.get(trigger)
+        if known is None or known[0] != len(pipelines):
+            found = []
+            for pipeline_id, pipeline in list(pipelines.items()):
+                if pipeline is None:
+                    continue
+                for t in pipeline.transitions:
+                    if (
+                        t.trigger == trigger
+                        and pipeline.find_transition(t.from_stage, trigger) is t
+                    ):
+                        found.append((pipeline_id, t.from_stage, t.to_stage, t.instructions))
+            if len(self._by_trigger) >= MAX_TRIGGERS:  # triggers come from requests
+                self._by_trigger.clear()
+            known = self._by_trigger[trigger] = (len(pipelines), found)
+        moves = known[1]
+        if not moves or len(moves) > MAX_MOVES:
+            return None
+        return [
+            (
+                pipeline_id,
+                from_stage,
+                to_stage,
+                _transition_data(
+                    trigger,
+                    from_stage,
+                    to_stage,
+                    instructions if instructions is not None else default,
+                ),
+            )
+            for pipeline_id, from_stage, to_stage, default in moves
+        ]
 
     @verb(
         "POST",

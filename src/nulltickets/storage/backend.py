@@ -17,6 +17,7 @@ storage/sqlite/backend.py (SqliteBackend), storage/postgres/backend.py (Postgres
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -79,6 +80,19 @@ class Claimed:
     expires_at_ms: int
     ttl_ms: int
     previous_failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """What `Backend.transition_run` did: the task of the pipeline moved from a stage to
+    another; `notified` when it also sent the wake-ups of those stages and of the tasks that
+    depend on it (else the caller does)."""
+
+    pipeline_id: str
+    task_id: str
+    from_stage: str
+    to_stage: str
+    notified: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +610,51 @@ class Backend:
         self._exec(
             "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
         )
+
+    def transition_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        expected_stage: str | None,
+        expected_task_version: int | None,
+        moves: Sequence[tuple[str, str, str, str]],
+        usage_json: str,
+        now: int,
+    ) -> Moved | None:
+        """A transition in one go: when run `run_id` is running under a live lease held with
+        `token_hash` (with `fence`, when given), its task is in `expected_stage` at
+        `expected_task_version` (each when given), and `moves` holds a (pipeline, from stage,
+        to stage, event data JSON) for the task's pipeline and stage: complete the run with
+        `usage_json`, move the task to that stage (its version raised), delete the lease and
+        record the `transition` event with that data. None when any of that is not so, and
+        nothing was changed (the caller finds out why). Composed here of the statements it
+        names; a backend may run it as one statement (PostgreSQL: transition_run), which
+        also sends the wake-ups of the stages concerned (Moved.notified)."""
+        lease = self.lease_by_run(run_id)
+        if (
+            lease is None
+            or not hmac.compare_digest(bytes(lease.token_hash), token_hash)
+            or lease.expires_at_ms <= now
+            or (fence is not None and lease.fence != fence)
+            or lease.run_status != "running"
+            or (expected_stage is not None and lease.stage != expected_stage)
+            or (expected_task_version is not None and lease.task_version != expected_task_version)
+        ):
+            return None
+        found = [m for m in moves if m[0] == lease.pipeline_id and m[1] == lease.stage]
+        if not found:
+            return None
+        _, from_stage, to_stage, data_json = found[0]
+        # The lease is held and its run is running in this unit of work: neither can fail.
+        if not self.end_run(run_id, "completed", usage_json, None, now):
+            raise StorageBusy("the run ended at the same moment")
+        if not self.move_task(lease.task_id, to_stage, lease.task_version, now):
+            raise StorageBusy("the task moved at the same moment")
+        self.delete_lease(lease.id)
+        self.insert_event(run_id, "transition", data_json, now)
+        return Moved(lease.pipeline_id, lease.task_id, from_stage, to_stage, notified=False)
 
     def extend_held_lease(
         self,

@@ -26,6 +26,7 @@ from nulltickets.errors import StorageBusy
 from nulltickets.storage.backend import (
     Backend,
     Claimed,
+    Moved,
     NewPipeline,
     QueueRow,
     StageBoardRow,
@@ -52,7 +53,7 @@ _failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | Non
 # itself, and what comes back says whether it wrote; when it did, the unit of work runs no
 # other statement (nothing after it could be in its transaction: the backend refuses to).
 # When one of them comes after another statement, it runs in that transaction, as any other.
-ALONE = frozenset({"claim_task", "extend_held_lease", "insert_event_under_lease"})
+ALONE = frozenset({"claim_task", "extend_held_lease", "insert_event_under_lease", "transition_run"})
 
 
 def compact(text: str | None) -> str | None:
@@ -224,6 +225,35 @@ class PostgresBackend(Backend):
         return Claimed(
             task, int(row[15]), int(row[16]), compact(row[17]), int(row[18]), int(row[19]), failures
         )
+
+    def transition_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        expected_stage: str | None,
+        expected_task_version: int | None,
+        moves: Sequence[tuple[str, str, str, str]],
+        usage_json: str,
+        now: int,
+    ) -> Moved | None:
+        # transition_run: the statements of Backend.transition_run as one, with the wake-ups.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "expected_stage": expected_stage,
+            "expected_task_version": expected_task_version,
+            "moves": _encode(moves).decode(),
+            "usage_json": usage_json,
+            "now": now,
+        }
+        row = self._one("transition_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        return Moved(row[0], row[1], row[2], row[3], notified=True)
 
     def extend_held_lease(
         self,

@@ -461,6 +461,125 @@ WHERE id = :id
     AND (:fence::bigint IS NULL OR fence = :fence::bigint)
 RETURNING expires_at_ms;
 
+-- transition_run --
+-- Backend.transition_run in one statement (its own transaction: see PostgresBackend.ALONE):
+-- the lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence and :expected_stage and :expected_task_version when given,
+-- and its run running; the move :moves gives its (pipeline, stage), an array of
+-- [pipeline_id, from_stage, to_stage, event data]; then end_run, move_task, delete_lease and
+-- insert_event of the transition, each on what the one before it changed (none can miss under
+-- those locks: nothing ends a run or moves a task without its task's lock), and the wake-ups of
+-- notify (the same channel and lines): the roles of the old stage (capacity freed), the new
+-- one (new work), and, when the new one is terminal, the stages of the tasks that depend on
+-- it; a payload too long for pg_notify wakes every role ("*"). No row: nothing was changed
+-- (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, r.task_id, t.stage, t.task_version, t.pipeline_id
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND r.status = 'running'
+        AND (:expected_stage::text IS NULL OR t.stage = :expected_stage::text)
+        AND (
+            :expected_task_version::bigint IS NULL
+            OR t.task_version = :expected_task_version::bigint
+        )
+    FOR UPDATE OF t, l
+),
+chosen AS (
+    SELECT
+        h.id, h.run_id, h.task_id, h.stage, h.task_version, h.pipeline_id,
+        m.v ->> 2 AS to_stage, m.v ->> 3 AS data_json
+    FROM held AS h
+    CROSS JOIN LATERAL (
+        SELECT e.v
+        FROM jsonb_array_elements(:moves::jsonb) AS e (v)
+        WHERE e.v ->> 0 = h.pipeline_id AND e.v ->> 1 = h.stage
+        LIMIT 1
+    ) AS m
+),
+ended AS (
+    UPDATE runs AS r
+    SET status = 'completed', ended_at_ms = :now, usage_json = :usage_json, error_text = NULL
+    FROM chosen AS c
+    WHERE r.id = c.run_id AND r.status = 'running'
+    RETURNING r.id
+),
+moved AS (
+    UPDATE tasks AS t
+    SET stage = c.to_stage,
+        task_version = t.task_version + 1,
+        dead_letter_reason = NULL,
+        next_eligible_at_ms = 0,
+        failed_at_ms = NULL,
+        last_error = NULL,
+        updated_at_ms = :now
+    FROM chosen AS c
+    JOIN ended AS e ON e.id = c.run_id
+    WHERE t.id = c.task_id AND t.task_version = c.task_version
+    RETURNING t.id
+),
+done AS (
+    SELECT c.id, c.run_id, c.task_id, c.stage, c.pipeline_id, c.to_stage, c.data_json
+    FROM chosen AS c
+    JOIN moved AS d ON d.id = c.task_id
+),
+gone AS (
+    DELETE FROM leases AS l
+    USING done AS d
+    WHERE l.id = d.id
+    RETURNING l.id
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT d.run_id, :now, 'transition', d.data_json
+    FROM done AS d
+    RETURNING id
+),
+woken AS (
+    SELECT s.agent_role AS role, count(*) AS n
+    FROM (
+        SELECT d.pipeline_id, d.stage FROM done AS d
+        UNION ALL
+        SELECT d.pipeline_id, d.to_stage FROM done AS d
+        UNION ALL
+        SELECT t.pipeline_id, t.stage
+        FROM done AS d
+        JOIN pipeline_stages AS ds
+            ON ds.pipeline_id = d.pipeline_id AND ds.stage = d.to_stage AND ds.terminal
+        JOIN task_dependencies AS dep ON dep.depends_on_task_id = d.task_id
+        JOIN tasks AS t ON t.id = dep.task_id
+    ) AS w (pipeline_id, stage)
+    JOIN pipeline_stages AS s ON s.pipeline_id = w.pipeline_id AND s.stage = w.stage
+    WHERE s.agent_role IS NOT NULL
+    GROUP BY s.agent_role
+),
+payload AS (
+    SELECT string_agg(
+        w.role || E'\t0' || CASE WHEN w.n > 1 THEN ';' || w.n ELSE '' END, E'\n' ORDER BY w.role
+    ) AS lines
+    FROM woken AS w
+)
+SELECT
+    d.pipeline_id, d.task_id, d.stage, d.to_stage,
+    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
+    (
+        SELECT count(*)
+        FROM (
+            SELECT pg_notify(
+                'nulltickets_claimable',
+                CASE WHEN octet_length(p.lines) <= 7000 THEN p.lines ELSE E'*\t0' END
+            )
+            FROM payload AS p
+            WHERE p.lines IS NOT NULL
+        ) AS sent
+    )
+FROM done AS d;
+
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
 -- Not one-to-one: the task and the lease are locked (task first, see the top), as by
