@@ -319,7 +319,7 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     """A claim, a heartbeat, an event and a transition are each one statement, run as its own
     transaction (PostgresBackend.ALONE): PostgreSQL answers once per unit of work. The
     transition's wake-ups go with it."""
-    from nulltickets.domain.commands import AppendEvent, MoveTask
+    from nulltickets.domain.commands import AppendEvent, MoveTask, WriteCheckpoint
     from nulltickets.domain.tokens import lease_token_hash
 
     db, listener = open_db(), open_db()
@@ -352,14 +352,18 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     event = AppendEvent("progress", msgspec.Raw(b'{"step": 1}'))
     unit(lambda b: tracker.append_event(b, claim.run.id, token, event, now + 3))
     assert units[-1].committed_alone == "insert_event_under_lease"
+    patch = WriteCheckpoint(msgspec.Raw(b'{"step": 1}'))
+    saved = unit(lambda b: tracker.write_checkpoint(b, claim.run.id, token, patch, now + 3))
+    assert (bytes(saved.checkpoint), saved.fence) == (b'{"step":1}', claim.fence)
+    assert units[-1].committed_alone == "checkpoint_run"
     heard.clear()
     moved = unit(lambda b: tracker.move(b, claim.run.id, token, MoveTask("submit"), now + 4))
     assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
     assert units[-1].committed_alone == "transition_run"
     wait_for("the wake-up of the stage the task left", lambda: (role, 0) in heard)
     kinds = db.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
-    assert kinds == ["progress", "transition"]
-    data = db.read_sync(lambda b: bytes(b.list_events(claim.run.id, 0, 10)[1].data))
+    assert kinds == ["progress", "checkpoint", "transition"]
+    data = db.read_sync(lambda b: bytes(b.list_events(claim.run.id, 0, 10)[2].data))
     assert msgspec.json.decode(data) == {
         "trigger": "submit",
         "from": "todo",

@@ -337,6 +337,42 @@ def test_a_whole_transition_needs_the_lease_and_a_move_for_the_tasks_stage(
     assert move(fence=1) is None  # once
 
 
+@covers("Backend.checkpoint_run")
+def test_a_whole_checkpoint_needs_the_lease_merges_extends_and_records_the_patch(
+    database: Database,
+) -> None:
+    """Backend.checkpoint_run, which PostgreSQL runs as one statement: refused, changing
+    nothing, unless the lease is held, live and of the fence given."""
+    task_id = one_task(database)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+
+    def save(
+        patch: str, token: bytes = got.token_hash, fence: int | None = None, now: int = NOW + 10
+    ) -> Any:
+        return database.write_sync(
+            lambda b: b.checkpoint_run(got.run_id, token, fence, patch, 9_000, now)
+        )
+
+    assert save('{"a":1}', token=b"x" * 32) is None
+    assert save('{"a":1}', fence=2) is None
+    assert save('{"a":1}', now=NOW + 1_000) is None  # expired
+    assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 1)
+    assert database.read_sync(lambda b: b.list_events(got.run_id, 0, 10)) == []
+    merged, expires, fence = save('{"a":1,"b":{"c":2}}', fence=1)
+    assert (json.loads(merged), expires, fence) == ({"a": 1, "b": {"c": 2}}, NOW + 1_010, 1)
+    merged, expires, _ = save('{"b":{"c":null,"d":3}}', now=NOW + 20)
+    assert (merged, expires) == ('{"a":1,"b":{"d":3}}', NOW + 1_020)  # compact on both
+    checkpoint, _ = database.read_sync(lambda b: b.task_resume(task_id))
+    assert json.loads(checkpoint) == {"a": 1, "b": {"d": 3}}
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert (lease.expires_at_ms, lease.ttl_ms) == (NOW + 1_020, 1_000)
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.kind, json.loads(bytes(e.data))) for e in events] == [
+        ("checkpoint", {"a": 1, "b": {"c": 2}}),
+        ("checkpoint", {"b": {"c": None, "d": 3}}),
+    ]
+
+
 @covers("Backend.insert_run", "Backend.end_run", "Backend.list_task_runs")
 def test_the_data_keeps_one_running_run_per_task(database: Database) -> None:
     """Whatever chooses the task, the database itself refuses a second running run (and the

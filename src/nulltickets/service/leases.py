@@ -625,10 +625,31 @@ class Leases(TrackerBase):
             "checkpoint: save what it needs to resume.",
         ),
     )
+    def write_checkpoint(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: WriteCheckpoint, now: int
+    ) -> CheckpointResult:
+        """Merge the patch into the task's checkpoint, extend the lease, record an event. With
+        the lease in order and the patch an object (nearly always), that is one call of
+        `Backend.checkpoint_run` (on PostgreSQL one statement); otherwise the lease is checked
+        first, which says what is wrong, if anything."""
+        try:
+            patch = compact_json(cmd.checkpoint, None)
+        except InvalidJson:
+            patch = None  # said after the lease's errors, below
+        if patch is not None and patch.startswith("{"):
+            done = b.checkpoint_run(
+                run_id, token_hash, cmd.expected_fence, patch, core.DEFAULT_LEASE_TTL_MS, now
+            )
+            if done is not None:
+                merged, expires, fence = done
+                return CheckpointResult(msgspec.Raw(merged), expires, fence)
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        return self.checkpoint(b, lease, cmd, now)
+
     def checkpoint(
         self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
     ) -> CheckpointResult:
-        """Merge the patch into the task's checkpoint, extend the lease, record an event."""
+        """The checkpoint step by step, under the lease checked."""
         patch = compact_json(cmd.checkpoint, None)
         if patch is None or not patch.startswith("{"):
             raise InvalidJson("checkpoint must be a JSON object (an RFC 7396 merge patch)")

@@ -656,6 +656,36 @@ class Backend:
         self.insert_event(run_id, "transition", data_json, now)
         return Moved(lease.pipeline_id, lease.task_id, from_stage, to_stage, notified=False)
 
+    def checkpoint_run(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        patch_json: str,
+        default_ttl_ms: int,
+        now: int,
+    ) -> tuple[str, int, int] | None:
+        """A checkpoint in one go: when run `run_id` has a live lease held with `token_hash`
+        (with `fence`, when given), merge the JSON object `patch_json` into its task's
+        checkpoint (merge_checkpoint), extend the lease by its TTL (else `default_ttl_ms`) and
+        record the `checkpoint` event of the patch. (The checkpoint merged, the lease's new
+        expiry, its fence); None when the lease is not so, and nothing was changed (the
+        caller finds out why). Composed here of the statements it names; a backend may run
+        it as one statement (PostgreSQL: checkpoint_run)."""
+        lease = self.lease_by_run(run_id)
+        if (
+            lease is None
+            or not hmac.compare_digest(bytes(lease.token_hash), token_hash)
+            or lease.expires_at_ms <= now
+            or (fence is not None and lease.fence != fence)
+        ):
+            return None
+        merged = self.merge_checkpoint(lease.task_id, patch_json)
+        ttl = lease.ttl_ms or default_ttl_ms
+        self.extend_lease(lease.id, now + ttl, ttl, now)
+        self.insert_event(run_id, "checkpoint", patch_json, now)
+        return merged, now + ttl, lease.fence
+
     def extend_held_lease(
         self,
         id: str,

@@ -53,7 +53,15 @@ _failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | Non
 # itself, and what comes back says whether it wrote; when it did, the unit of work runs no
 # other statement (nothing after it could be in its transaction: the backend refuses to).
 # When one of them comes after another statement, it runs in that transaction, as any other.
-ALONE = frozenset({"claim_task", "extend_held_lease", "insert_event_under_lease", "transition_run"})
+ALONE = frozenset(
+    {
+        "claim_task",
+        "extend_held_lease",
+        "insert_event_under_lease",
+        "transition_run",
+        "checkpoint_run",
+    }
+)
 
 
 def compact(text: str | None) -> str | None:
@@ -254,6 +262,30 @@ class PostgresBackend(Backend):
             self._wrote_nothing()
             return None
         return Moved(row[0], row[1], row[2], row[3], notified=True)
+
+    def checkpoint_run(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        patch_json: str,
+        default_ttl_ms: int,
+        now: int,
+    ) -> tuple[str, int, int] | None:
+        # checkpoint_run: the statements of Backend.checkpoint_run as one.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "patch": patch_json,
+            "default_ttl_ms": default_ttl_ms,
+            "now": now,
+        }
+        row = self._one("checkpoint_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        return str(compact(row[0])), int(row[1]), int(row[2])
 
     def extend_held_lease(
         self,

@@ -580,6 +580,51 @@ SELECT
     )
 FROM done AS d;
 
+-- checkpoint_run --
+-- Backend.checkpoint_run in one statement (its own transaction: see PostgresBackend.ALONE):
+-- the lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live and with :fence when given; then merge_checkpoint on its task, extend_lease
+-- by its TTL (else :default_ttl_ms) and insert_event of the patch, each on the locked rows (none
+-- can miss). No row: nothing was changed (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, r.task_id, l.fence
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+    FOR UPDATE OF t, l
+),
+merged AS (
+    UPDATE tasks AS t
+    SET checkpoint_json = jsonb_merge_patch(coalesce(t.checkpoint_json, '{}'::jsonb), :patch::jsonb)
+    FROM held AS h
+    WHERE t.id = h.task_id
+    RETURNING t.checkpoint_json::text AS checkpoint
+),
+extended AS (
+    UPDATE leases AS l
+    SET expires_at_ms = :now + coalesce(nullif(l.ttl_ms, 0), :default_ttl_ms::bigint),
+        last_heartbeat_ms = :now,
+        ttl_ms = coalesce(nullif(l.ttl_ms, 0), :default_ttl_ms::bigint)
+    FROM held AS h
+    WHERE l.id = h.id
+    RETURNING l.expires_at_ms
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT h.run_id, :now, 'checkpoint', :patch
+    FROM held AS h
+    RETURNING id
+)
+SELECT m.checkpoint, e.expires_at_ms, h.fence
+FROM held AS h
+CROSS JOIN merged AS m
+CROSS JOIN extended AS e
+WHERE (SELECT count(*) FROM recorded) = 1;
+
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
 -- Not one-to-one: the task and the lease are locked (task first, see the top), as by
