@@ -328,7 +328,7 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     wait_for("the LISTEN connection", listener.notifier.connected.is_set)
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
-    seed(db, tracker, role, 2)
+    seed(db, tracker, role, 3)
     now = wall_ms()
     units: list[PostgresBackend] = []
 
@@ -370,9 +370,22 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
         "to": "review",
         "instructions": "review it",
     }
+    # Made with an API key (confirmed in every unit of work on a shared database): the
+    # statement checks the key itself, still one statement.
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=f"key-{role}", key_hash=role.encode(), name=role, access="agent", roles=[], now=now
+        )
+    )
+
+    def keyed(b: PostgresBackend) -> Any:
+        b.confirm_key(f"key-{role}")
+        return tracker.claim(b, Claim("a", role), now + 5)
+
+    assert unit(keyed) is not None and units[-1].committed_alone == "claim_task"
     # A refused one (the lease is gone) changes nothing and says why, step by step.
     from nulltickets.errors import LeaseNotFound
 
     with pytest.raises(LeaseNotFound):
-        unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 5))
+        unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 6))
     assert units[-1].committed_alone is None

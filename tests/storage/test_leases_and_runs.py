@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nulltickets.domain.ids import new_id
-from nulltickets.errors import StorageBusy
+from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import Backend, NewPipeline
 from nulltickets.storage.backend import Claimed as WholeClaim
 from nulltickets.storage.ports import Database
@@ -371,6 +371,68 @@ def test_a_whole_checkpoint_needs_the_lease_merges_extends_and_records_the_patch
         ("checkpoint", {"a": 1, "b": {"c": 2}}),
         ("checkpoint", {"b": {"c": None, "d": 3}}),
     ]
+
+
+@covers("Backend.confirm_key")
+def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Database) -> None:
+    """A unit of work made with a key checks it: one whose key was revoked (on any server)
+    raises Unauthorized, from confirm_key or from its next statement (PostgreSQL checks it in
+    the statement of the cycle itself), and has changed nothing."""
+    pipeline_id = database.write_sync(lambda b: make_pipeline(b))
+    database.write_sync(lambda b: make_task(b, pipeline_id))
+    database.write_sync(
+        lambda b: b.insert_api_key(
+            id="k1", key_hash=b"k" * 32, name="k", access="agent", roles=["coder"], now=NOW
+        )
+    )
+
+    def gone(job: Any) -> None:
+        def unit(b: Backend) -> None:
+            b.confirm_key("gone")
+            job(b)
+            b.task_exists(pipeline_id)  # the statement after it, whatever it was
+
+        with pytest.raises(Unauthorized):
+            database.write_sync(unit)
+
+    gone(lambda b: whole_claim(b))
+    assert database.read_sync(lambda b: b.list_task_runs_newest(pipeline_id, 9, 9)) == []
+    assert database.read_sync(lambda b: b.active_leases(NOW)) == 0
+
+    def claim_with_key(b: Backend) -> Any:
+        b.confirm_key("k1")
+        return whole_claim(b, token_hash=b"t" * 32)
+
+    run_id, lease_id, got = database.write_sync(claim_with_key)
+    assert isinstance(got, WholeClaim)
+    token = b"t" * 32
+    gone(lambda b: b.extend_held_lease(lease_id, token, None, 5_000, 9_000, NOW + 1))
+    gone(lambda b: b.insert_event_under_lease(run_id, token, None, "k", "{}", NOW + 1))
+    gone(lambda b: b.checkpoint_run(run_id, token, None, '{"a":1}', 9_000, NOW + 1))
+    move = (got.task.pipeline_id, "todo", "review", "{}")
+    gone(
+        lambda b: b.transition_run(
+            run_id=run_id,
+            token_hash=token,
+            fence=None,
+            expected_stage=None,
+            expected_task_version=None,
+            moves=(move,),
+            usage_json="{}",
+            now=NOW + 1,
+        )
+    )
+    gone(lambda b: b.lease_by_run(run_id))
+    lease = database.read_sync(lambda b: b.lease_by_run(run_id))
+    assert lease is not None and (lease.expires_at_ms, lease.stage) == (got.expires_at_ms, "todo")
+    assert database.read_sync(lambda b: b.list_events(run_id, 0, 10)) == []
+    assert database.read_sync(lambda b: b.task_resume(got.task.id)) == (None, 1)
+
+    def beat_with_key(b: Backend) -> int | None:
+        b.confirm_key("k1")
+        return b.extend_held_lease(lease_id, token, None, 5_000, 9_000, NOW + 1)
+
+    assert database.write_sync(beat_with_key) == NOW + 5_001
 
 
 @covers("Backend.insert_run", "Backend.end_run", "Backend.list_task_runs")

@@ -57,6 +57,7 @@ from nulltickets.errors import (
     DuplicateName,
     StorageBusy,
     StorageQueryError,
+    Unauthorized,
 )
 
 # (pipeline_id, stage, role (None: a stage without one that holds dead-lettered or cancelled
@@ -1154,6 +1155,14 @@ class Backend:
     def api_key_by_id(self, id: str) -> KeyInfo | None:
         row = self._one("api_key_by_id", {"id": id})
         return None if row is None else _key(row)
+
+    def confirm_key(self, key_id: str) -> None:
+        """This unit of work acts for key `key_id`, which must still exist (another server may
+        have revoked it): Unauthorized when it does not, before anything is changed. A backend
+        may check it with the unit's first statement instead of one of its own (PostgreSQL:
+        each statement of PostgresBackend.ALONE refuses to change anything without the key)."""
+        if self.api_key_by_id(key_id) is None:
+            raise Unauthorized("the key was revoked")
 
     def list_api_keys(self) -> list[KeyInfo]:
         return [_key(r) for r in self._all("list_api_keys")]

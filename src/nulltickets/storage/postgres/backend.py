@@ -22,7 +22,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from nulltickets.domain.model import Failure, LeaseRow, Task
-from nulltickets.errors import StorageBusy
+from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import (
     Backend,
     Claimed,
@@ -95,6 +95,8 @@ class PostgresBackend(Backend):
         self.revoked: list[str] = []
         # The statement of ALONE that was this whole unit of work and is committed, if any.
         self.committed_alone: str | None = None
+        # The key this unit of work acts for, until a statement confirmed it (confirm_key).
+        self.unconfirmed_key: str | None = None
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
@@ -103,11 +105,16 @@ class PostgresBackend(Backend):
             raise RuntimeError(
                 f"{name} after {self.committed_alone}, which was its unit of work and committed"
             )
-        if (
+        alone = (
             name in ALONE
             and self.writing
             and conn.info.transaction_status == TransactionStatus.IDLE
-        ):
+        )
+        if not alone and self.unconfirmed_key is not None:
+            self._confirm_unconfirmed_key()
+        if name in ALONE:  # each refuses to change anything without the key, when one is named
+            params = {**params, "key_id": self.unconfirmed_key if alone else None}
+        if alone:
             conn.autocommit = True
             try:
                 cur = conn.execute(sql, params)
@@ -119,8 +126,19 @@ class PostgresBackend(Backend):
         return conn.execute(sql, params)
 
     def _wrote_nothing(self) -> None:
-        """The statement of ALONE just run changed nothing: the unit of work goes on."""
+        """The statement of ALONE just run changed nothing (the key it was given, if any, may
+        be gone): the unit of work goes on, and its next statement confirms the key."""
         self.committed_alone = None
+
+    def confirm_key(self, key_id: str) -> None:
+        # Checked by the unit's first statement: inside it when it is one of ALONE (one round
+        # trip), else by api_key_by_id just before it.
+        self.unconfirmed_key = key_id
+
+    def _confirm_unconfirmed_key(self) -> None:
+        key_id, self.unconfirmed_key = self.unconfirmed_key, None
+        if key_id is not None and self.api_key_by_id(key_id) is None:
+            raise Unauthorized("the key was revoked")
 
     def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self._cur(name, params or {}).fetchall()
@@ -223,6 +241,7 @@ class PostgresBackend(Backend):
         if row is None or row[15] is None:
             self._wrote_nothing()
         if row is None:
+            self._confirm_unconfirmed_key()  # nothing claimable, or the key is gone
             return None
         task = _task(row[:15])
         if row[15] is None:

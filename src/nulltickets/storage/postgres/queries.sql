@@ -8,6 +8,10 @@
 -- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
 -- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
 -- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
+-- The statements of PostgresBackend.ALONE (claim_task, extend_held_lease,
+-- insert_event_under_lease, transition_run, checkpoint_run) each take :key_id, the API key the
+-- request is made with when it is still to be confirmed (Backend.confirm_key), else NULL: they
+-- change nothing unless that key exists, so that the key's check costs no round trip.
 -- Row locks, one order everywhere (two servers taking them in opposite orders deadlock, and
 -- each deadlock costs deadlock_timeout and a retry): a task's row before its lease's, and
 -- whoever ends a run holds its task's row (lock_lease_by_*, expired_leases,
@@ -284,6 +288,7 @@ WITH candidate AS (
         FOR UPDATE OF t SKIP LOCKED
     ) AS c
     WHERE s.agent_role = :agent_role
+        AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS ak WHERE ak.id = :key_id::text))
         AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
         AND NOT EXISTS (
             SELECT 1
@@ -437,6 +442,7 @@ WHERE l.run_id = :run_id
     AND l.token_hash = :token_hash
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
 LIMIT 1
 -- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
 -- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
@@ -459,6 +465,7 @@ WHERE id = :id
     AND token_hash = :token_hash
     AND expires_at_ms > :now
     AND (:fence::bigint IS NULL OR fence = :fence::bigint)
+    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
 RETURNING expires_at_ms;
 
 -- transition_run --
@@ -482,6 +489,10 @@ WITH held AS (
         AND l.token_hash = :token_hash
         AND l.expires_at_ms > :now
         AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
         AND r.status = 'running'
         AND (:expected_stage::text IS NULL OR t.stage = :expected_stage::text)
         AND (
@@ -595,6 +606,10 @@ WITH held AS (
         AND l.token_hash = :token_hash
         AND l.expires_at_ms > :now
         AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
     FOR UPDATE OF t, l
 ),
 merged AS (
