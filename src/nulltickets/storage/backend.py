@@ -706,6 +706,7 @@ class Backend:
             "fence": fence,
             "ttl_ms": ttl_ms,
             "default_ttl_ms": default_ttl_ms,
+            "key_id": None,  # confirm_key checked it (a backend may put it here instead)
             "now": now,
         }
         value: int | None = self._value("extend_held_lease", params)
@@ -739,6 +740,7 @@ class Backend:
                 "fence": fence,
                 "kind": kind,
                 "data_json": data_json,
+                "key_id": None,  # confirm_key checked it (a backend may put it here instead)
                 "now": now,
             },
         )

@@ -245,12 +245,13 @@ WHERE l.run_id = :run_id
     AND l.token_hash = :token_hash
     AND l.expires_at_ms > :now
     AND (:fence IS NULL OR l.fence = :fence)
+    AND (:key_id IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id))
 LIMIT 1
 RETURNING id;
 
 -- extend_held_lease --
--- A heartbeat: the lease extended only if it is held with this token, is live and (when one is
--- given) still has this fence, by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
+-- A heartbeat: the lease extended only if it is held with this token, is live, (when one is
+-- given) still has this fence and is asked for with a key that exists (:key_id, when given), by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
 -- becomes its TTL; the check and the write in one statement. No row back means one of those
 -- failed; the caller then finds out which.
 UPDATE leases
@@ -261,6 +262,7 @@ WHERE id = :id
     AND token_hash = :token_hash
     AND expires_at_ms > :now
     AND (:fence IS NULL OR fence = :fence)
+    AND (:key_id IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id))
 RETURNING expires_at_ms;
 
 -- live_lease_of_task --
