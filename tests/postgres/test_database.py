@@ -311,3 +311,81 @@ def test_a_heartbeat_racing_the_reaper_never_revives_an_expired_lease(
     assert status == "stale"
     kinds = db_a.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
     assert kinds.count("lease_expired") == 1, kinds
+
+
+def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """A claim, a heartbeat, an event and a transition are each one statement, run as its own
+    transaction (PostgresBackend.ALONE): PostgreSQL answers once per unit of work. The
+    transition's wake-ups go with it."""
+    from nulltickets.domain.commands import AppendEvent, MoveTask, WriteCheckpoint
+    from nulltickets.domain.tokens import lease_token_hash
+
+    db, listener = open_db(), open_db()
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    seed(db, tracker, role, 3)
+    now = wall_ms()
+    units: list[PostgresBackend] = []
+
+    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
+        def run(b: PostgresBackend) -> Any:
+            units.append(b)
+            return job(b)
+
+        return db.write_sync(run)
+
+    # The first claim reads the role's limits and reaps expired leases first: then in a
+    # transaction of several statements.
+    first = unit(lambda b: tracker.claim(b, Claim("a", role), now))
+    assert first is not None and units[-1].committed_alone is None
+    claim = unit(lambda b: tracker.claim(b, Claim("a", role), now + 1))
+    assert claim is not None and units[-1].committed_alone == "claim_task"
+    assert claim.task.available_transitions[0].trigger == "submit"
+    token = lease_token_hash(claim.lease_token)
+    expires = unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 2))
+    assert expires > claim.expires_at_ms and units[-1].committed_alone == "extend_held_lease"
+    event = AppendEvent("progress", msgspec.Raw(b'{"step": 1}'))
+    unit(lambda b: tracker.append_event(b, claim.run.id, token, event, now + 3))
+    assert units[-1].committed_alone == "insert_event_under_lease"
+    patch = WriteCheckpoint(msgspec.Raw(b'{"step": 1}'))
+    saved = unit(lambda b: tracker.write_checkpoint(b, claim.run.id, token, patch, now + 3))
+    assert (bytes(saved.checkpoint), saved.fence) == (b'{"step":1}', claim.fence)
+    assert units[-1].committed_alone == "checkpoint_run"
+    heard.clear()
+    moved = unit(lambda b: tracker.move(b, claim.run.id, token, MoveTask("submit"), now + 4))
+    assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
+    assert units[-1].committed_alone == "transition_run"
+    wait_for("the wake-up of the stage the task left", lambda: (role, 0) in heard)
+    kinds = db.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
+    assert kinds == ["progress", "checkpoint", "transition"]
+    data = db.read_sync(lambda b: bytes(b.list_events(claim.run.id, 0, 10)[2].data))
+    assert msgspec.json.decode(data) == {
+        "trigger": "submit",
+        "from": "todo",
+        "to": "review",
+        "instructions": "review it",
+    }
+    # Made with an API key (confirmed in every unit of work on a shared database): the
+    # statement checks the key itself, still one statement.
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=f"key-{role}", key_hash=role.encode(), name=role, access="agent", roles=[], now=now
+        )
+    )
+
+    def keyed(b: PostgresBackend) -> Any:
+        b.confirm_key(f"key-{role}")
+        return tracker.claim(b, Claim("a", role), now + 5)
+
+    assert unit(keyed) is not None and units[-1].committed_alone == "claim_task"
+    # A refused one (the lease is gone) changes nothing and says why, step by step.
+    from nulltickets.errors import LeaseNotFound
+
+    with pytest.raises(LeaseNotFound):
+        unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 6))
+    assert units[-1].committed_alone is None

@@ -30,6 +30,9 @@ POSTGRES_ONLY = {
     "listen": "notifier.py: the listening connection of each process",
     "lock_lease_by_run": "lease_by_run in a write: lease-protected writes on one lease in turn",
     "lock_lease_by_id": "lease_by_id in a write (the same)",
+    "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
+    "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
+    "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",
 }
 
 # Queries only SQLite has, and why.

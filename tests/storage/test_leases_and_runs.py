@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from nulltickets.domain.ids import new_id
-from nulltickets.errors import StorageBusy
-from nulltickets.storage.backend import Backend
+from nulltickets.errors import StorageBusy, Unauthorized
+from nulltickets.storage.backend import Backend, NewPipeline
+from nulltickets.storage.backend import Claimed as WholeClaim
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, Claimed, claim, claimed, covers, make_pipeline, make_task
 
@@ -125,6 +126,313 @@ def test_full_stages_and_pairs_are_passed_over(database: Database) -> None:
     assert got is not None and got.task.id == b_
     got = database.write_sync(lambda b: claim(b, full_stages=("other",)))
     assert got is not None and got.task.id == a
+
+
+def whole_claim(
+    b: Backend,
+    *,
+    agent: str = "ann",
+    token_hash: bytes = b"t" * 32,
+    ttl_ms: int | None = None,
+    stage_ttls: tuple[tuple[str, str, int], ...] = (),
+    full_stages: tuple[str, ...] = (),
+    capped: tuple[tuple[str, str, int], ...] = (),
+    known: frozenset[str] | None = None,
+    now: int = NOW,
+) -> tuple[str, str, WholeClaim | NewPipeline | None]:
+    """Backend.claim as the service calls it; (run id, lease id, what it answered)."""
+    run_id, lease_id = new_id(), new_id()
+    got = b.claim(
+        agent_role="coder",
+        agent_id=agent,
+        run_id=run_id,
+        lease_id=lease_id,
+        token_hash=token_hash,
+        ttl_ms=ttl_ms,
+        stage_ttls=stage_ttls,
+        default_ttl_ms=7_000,
+        full_stages=full_stages,
+        capped=capped,
+        known_pipelines=known,
+        now=now,
+    )
+    return run_id, lease_id, got
+
+
+@covers("Backend.claim")
+def test_a_whole_claim_starts_a_run_raises_the_fence_and_leases_the_best_task(
+    database: Database,
+) -> None:
+    """Backend.claim, which PostgreSQL runs as one statement: the same choice, run, fence
+    and lease as its parts, with the lease's TTL from the request, the stage or the default."""
+
+    def job(b: Backend) -> tuple[str, str, str, str]:
+        first, second = make_pipeline(b), make_pipeline(b)
+        urgent = make_task(b, first, now=1, priority=5)
+        old = make_task(b, second, now=2)
+        return first, second, urgent, old
+
+    first, _second, urgent, old = database.write_sync(job)
+    database.write_sync(lambda b: b.merge_checkpoint(urgent, '{"step": 2, "done": ["a"]}'))
+    ttls = ((first, "todo", 3_000),)
+    run_id, lease_id, got = database.write_sync(lambda b: whole_claim(b, stage_ttls=ttls))
+    assert isinstance(got, WholeClaim)
+    assert (got.task.id, got.task.pipeline_id, got.task.stage) == (urgent, first, "todo")
+    assert (got.attempt, got.fence, got.previous_failures) == (1, 1, [])
+    assert json.loads(got.checkpoint_json or "") == {"step": 2, "done": ["a"]}
+    assert got.checkpoint_json == '{"done":["a"],"step":2}' or got.checkpoint_json == (
+        '{"step":2,"done":["a"]}'
+    )  # compact, in the backend's key order
+    assert (got.expires_at_ms, got.ttl_ms) == (NOW + 3_000, 3_000)  # the stage's TTL
+    lease = database.read_sync(lambda b: b.lease_by_id(lease_id))
+    assert lease is not None
+    assert (lease.run_id, lease.task_id, lease.token_hash, lease.fence) == (
+        run_id,
+        urgent,
+        b"t" * 32,
+        1,
+    )
+    assert (lease.expires_at_ms, lease.ttl_ms, lease.agent_id) == (NOW + 3_000, 3_000, "ann")
+    run = database.read_sync(lambda b: b.run_by_id(run_id))
+    assert run is not None
+    assert (run.task_id, run.attempt, run.status, run.agent_role) == (urgent, 1, "running", "coder")
+    # The next one: no TTL for its stage, so the default; a requested TTL wins over both.
+    _, _, default = database.write_sync(lambda b: whole_claim(b, stage_ttls=ttls))
+    assert isinstance(default, WholeClaim) and default.task.id == old
+    assert (default.ttl_ms, default.checkpoint_json) == (7_000, None)
+    database.write_sync(lambda b: b.end_run(run_id, "failed", "{}", "boom", NOW + 1))
+    database.write_sync(lambda b: b.delete_lease(lease_id))
+    _, _, again = database.write_sync(lambda b: whole_claim(b, ttl_ms=500, stage_ttls=ttls))
+    assert isinstance(again, WholeClaim) and again.task.id == urgent
+    assert (again.attempt, again.fence, again.ttl_ms) == (2, 2, 500)
+    assert [(f.attempt, f.run_id, f.status, f.error) for f in again.previous_failures] == [
+        (1, run_id, "failed", "boom")
+    ]
+    assert database.write_sync(lambda b: whole_claim(b))[2] is None  # nothing left
+
+
+@covers("Backend.claim")
+def test_a_whole_claim_passes_over_full_stages_and_unknown_pipelines(
+    database: Database,
+) -> None:
+    def job(b: Backend) -> tuple[str, str, str, str]:
+        first, second = make_pipeline(b), make_pipeline(b)
+        return first, second, make_task(b, first, now=1), make_task(b, second, now=2)
+
+    first, second, a, b_ = database.write_sync(job)
+    # A pipeline the caller has not read: nothing is claimed, and the task is still there.
+    _, lease_id, got = database.write_sync(lambda b: whole_claim(b, known=frozenset({second})))
+    assert got == NewPipeline(first)
+    assert database.read_sync(lambda b: b.latest_run(a)) is None
+    assert database.read_sync(lambda b: b.lease_by_id(lease_id)) is None
+    assert database.write_sync(lambda b: whole_claim(b, full_stages=("todo",)))[2] is None
+    # A cap not reached yet passes nothing over; once reached, that (pipeline, stage) is full.
+    _, _, got = database.write_sync(lambda b: whole_claim(b, capped=((first, "todo", 1),)))
+    assert isinstance(got, WholeClaim) and got.task.id == a
+    database.write_sync(lambda b: make_task(b, first, now=0, priority=9))
+    _, _, got = database.write_sync(
+        lambda b: whole_claim(b, capped=((first, "todo", 1),), known=frozenset({first, second}))
+    )
+    assert isinstance(got, WholeClaim) and got.task.id == b_
+
+
+@covers("Backend.extend_held_lease")
+def test_a_heartbeat_in_one_statement_needs_its_token_its_time_and_its_fence(
+    database: Database,
+) -> None:
+    one_task(database)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    token = got.token_hash
+
+    def beat(
+        token_hash: bytes, fence: int | None, ttl: int | None, now: int = NOW + 10
+    ) -> int | None:
+        return database.write_sync(  # type: ignore[no-any-return]
+            lambda b: b.extend_held_lease(got.lease_id, token_hash, fence, ttl, 9_000, now)
+        )
+
+    assert beat(b"x" * 32, None, None) is None  # another token
+    assert beat(token, 2, None) is None  # another fence
+    assert beat(token, None, None, NOW + 1_000) is None  # expired
+    assert database.read_sync(lambda b: b.lease_by_id(got.lease_id)).expires_at_ms == NOW + 1_000
+    assert beat(token, None, None) == NOW + 10 + 1_000  # its own TTL
+    assert beat(token, 1, 4_000, NOW + 20) == NOW + 20 + 4_000  # the TTL given becomes its own
+    lease = database.read_sync(lambda b: b.lease_by_id(got.lease_id))
+    assert (lease.expires_at_ms, lease.ttl_ms) == (NOW + 4_020, 4_000)
+    assert beat(token, None, None, NOW + 30) == NOW + 4_030
+    assert (
+        database.write_sync(lambda b: b.extend_held_lease("nope", token, None, None, 9_000, NOW))
+        is None
+    )
+
+
+@covers("Backend.transition_run")
+def test_a_whole_transition_needs_the_lease_and_a_move_for_the_tasks_stage(
+    database: Database,
+) -> None:
+    """Backend.transition_run, which PostgreSQL runs as one statement: refused, changing
+    nothing, unless every condition holds; then the run completed, the task moved, the lease
+    gone and the event recorded."""
+
+    def job(b: Backend) -> tuple[str, str, str]:
+        pipeline_id = make_pipeline(b)
+        task_id = make_task(b, pipeline_id)
+        waiting = make_task(b, pipeline_id, stage="review")
+        b.insert_dependency(waiting, task_id, NOW)
+        return pipeline_id, task_id, waiting
+
+    pipeline_id, task_id, _waiting = database.write_sync(job)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    data = '{"trigger":"ship","from":"todo","to":"review","instructions":""}'
+    moves = (("other", "todo", "done", "{}"), (pipeline_id, "todo", "review", data))
+
+    def move(
+        token: bytes = got.token_hash,
+        fence: int | None = None,
+        stage: str | None = None,
+        version: int | None = None,
+        moves: tuple[tuple[str, str, str, str], ...] = moves,
+        now: int = NOW + 10,
+    ) -> Any:
+        return database.write_sync(
+            lambda b: b.transition_run(
+                run_id=got.run_id,
+                token_hash=token,
+                fence=fence,
+                expected_stage=stage,
+                expected_task_version=version,
+                moves=moves,
+                usage_json='{"tokens":3}',
+                now=now,
+            )
+        )
+
+    assert move(token=b"x" * 32) is None
+    assert move(fence=2) is None
+    assert move(now=NOW + 1_000) is None  # expired
+    assert move(stage="review") is None
+    assert move(version=2) is None
+    assert (
+        move(moves=(("other", "todo", "done", "{}"), (pipeline_id, "review", "done", "{}"))) is None
+    )
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None and lease.run_status == "running"  # nothing changed
+    assert database.read_sync(lambda b: b.list_events(got.run_id, 0, 10)) == []
+    moved = move(fence=1, stage="todo", version=1)
+    assert (moved.pipeline_id, moved.task_id, moved.from_stage, moved.to_stage) == (
+        pipeline_id,
+        task_id,
+        "todo",
+        "review",
+    )
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.updated_at_ms) == ("review", 2, NOW + 10)
+    run = database.read_sync(lambda b: b.run_by_id(got.run_id))
+    assert (run.status, run.ended_at_ms) == ("completed", NOW + 10)
+    assert database.read_sync(lambda b: b.lease_by_run(got.run_id)) is None
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.kind, e.ts_ms, json.loads(bytes(e.data))) for e in events] == [
+        ("transition", NOW + 10, json.loads(data))
+    ]
+    assert move(fence=1) is None  # once
+
+
+@covers("Backend.checkpoint_run")
+def test_a_whole_checkpoint_needs_the_lease_merges_extends_and_records_the_patch(
+    database: Database,
+) -> None:
+    """Backend.checkpoint_run, which PostgreSQL runs as one statement: refused, changing
+    nothing, unless the lease is held, live and of the fence given."""
+    task_id = one_task(database)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+
+    def save(
+        patch: str, token: bytes = got.token_hash, fence: int | None = None, now: int = NOW + 10
+    ) -> Any:
+        return database.write_sync(
+            lambda b: b.checkpoint_run(got.run_id, token, fence, patch, 9_000, now)
+        )
+
+    assert save('{"a":1}', token=b"x" * 32) is None
+    assert save('{"a":1}', fence=2) is None
+    assert save('{"a":1}', now=NOW + 1_000) is None  # expired
+    assert database.read_sync(lambda b: b.task_resume(task_id)) == (None, 1)
+    assert database.read_sync(lambda b: b.list_events(got.run_id, 0, 10)) == []
+    merged, expires, fence = save('{"a":1,"b":{"c":2}}', fence=1)
+    assert (json.loads(merged), expires, fence) == ({"a": 1, "b": {"c": 2}}, NOW + 1_010, 1)
+    merged, expires, _ = save('{"b":{"c":null,"d":3}}', now=NOW + 20)
+    assert (merged, expires) == ('{"a":1,"b":{"d":3}}', NOW + 1_020)  # compact on both
+    checkpoint, _ = database.read_sync(lambda b: b.task_resume(task_id))
+    assert json.loads(checkpoint) == {"a": 1, "b": {"d": 3}}
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert (lease.expires_at_ms, lease.ttl_ms) == (NOW + 1_020, 1_000)
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.kind, json.loads(bytes(e.data))) for e in events] == [
+        ("checkpoint", {"a": 1, "b": {"c": 2}}),
+        ("checkpoint", {"b": {"c": None, "d": 3}}),
+    ]
+
+
+@covers("Backend.confirm_key")
+def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Database) -> None:
+    """A unit of work made with a key checks it: one whose key was revoked (on any server)
+    raises Unauthorized, from confirm_key or from its next statement (PostgreSQL checks it in
+    the statement of the cycle itself), and has changed nothing."""
+    pipeline_id = database.write_sync(lambda b: make_pipeline(b))
+    database.write_sync(lambda b: make_task(b, pipeline_id))
+    database.write_sync(
+        lambda b: b.insert_api_key(
+            id="k1", key_hash=b"k" * 32, name="k", access="agent", roles=["coder"], now=NOW
+        )
+    )
+
+    def gone(job: Any) -> None:
+        def unit(b: Backend) -> None:
+            b.confirm_key("gone")
+            job(b)
+            b.task_exists(pipeline_id)  # the statement after it, whatever it was
+
+        with pytest.raises(Unauthorized):
+            database.write_sync(unit)
+
+    gone(lambda b: whole_claim(b))
+    assert database.read_sync(lambda b: b.list_task_runs_newest(pipeline_id, 9, 9)) == []
+    assert database.read_sync(lambda b: b.active_leases(NOW)) == 0
+
+    def claim_with_key(b: Backend) -> Any:
+        b.confirm_key("k1")
+        return whole_claim(b, token_hash=b"t" * 32)
+
+    run_id, lease_id, got = database.write_sync(claim_with_key)
+    assert isinstance(got, WholeClaim)
+    token = b"t" * 32
+    gone(lambda b: b.extend_held_lease(lease_id, token, None, 5_000, 9_000, NOW + 1))
+    gone(lambda b: b.insert_event_under_lease(run_id, token, None, "k", "{}", NOW + 1))
+    gone(lambda b: b.checkpoint_run(run_id, token, None, '{"a":1}', 9_000, NOW + 1))
+    move = (got.task.pipeline_id, "todo", "review", "{}")
+    gone(
+        lambda b: b.transition_run(
+            run_id=run_id,
+            token_hash=token,
+            fence=None,
+            expected_stage=None,
+            expected_task_version=None,
+            moves=(move,),
+            usage_json="{}",
+            now=NOW + 1,
+        )
+    )
+    gone(lambda b: b.lease_by_run(run_id))
+    lease = database.read_sync(lambda b: b.lease_by_run(run_id))
+    assert lease is not None and (lease.expires_at_ms, lease.stage) == (got.expires_at_ms, "todo")
+    assert database.read_sync(lambda b: b.list_events(run_id, 0, 10)) == []
+    assert database.read_sync(lambda b: b.task_resume(got.task.id)) == (None, 1)
+
+    def beat_with_key(b: Backend) -> int | None:
+        b.confirm_key("k1")
+        return b.extend_held_lease(lease_id, token, None, 5_000, 9_000, NOW + 1)
+
+    assert database.write_sync(beat_with_key) == NOW + 5_001
 
 
 @covers("Backend.insert_run", "Backend.end_run", "Backend.list_task_runs")

@@ -78,11 +78,17 @@ class TrackerBase:
         self._shared = shared
         self._pipelines: dict[str, fsm.Pipeline | None] = {}
         self._transitions: dict[tuple[str, str], list[AvailableTransition]] = {}
+        # Per trigger: how many pipelines had been read when its moves were found, and
+        # (pipeline, from stage, to stage, the transition's instructions) of each.
+        self._by_trigger: dict[str, tuple[int, list[tuple[str, str, str, str | None]]]] = {}
         self._lock = threading.Lock()
         self._next_expiry = 0  # 0: unknown
-        # Per role: the pipelines it was built from, and (pipeline, stage, max_concurrency) of
-        # the stages with a limit.
-        self._capped: dict[str, tuple[frozenset[str], list[tuple[str, str, int]]]] = {}
+        # Per role: the pipelines it was built from, (pipeline, stage, max_concurrency) of the
+        # stages with a limit, and (pipeline, stage, lease_ttl_ms) of those with a lease TTL.
+        self._capped: dict[
+            str,
+            tuple[frozenset[str], list[tuple[str, str, int]], list[tuple[str, str, int]]],
+        ] = {}
 
     if TYPE_CHECKING:  # what one area asks of another (Tracker has them all)
 

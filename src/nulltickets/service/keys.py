@@ -12,7 +12,7 @@ from nulltickets.domain.commands import CreateKey
 from nulltickets.domain.ids import new_id
 from nulltickets.domain.model import Access, CreatedKey, KeyInfo
 from nulltickets.domain.tokens import new_api_key
-from nulltickets.errors import InvalidJson, InvalidRequest, KeysNeedToken, Unauthorized
+from nulltickets.errors import InvalidJson, InvalidRequest, KeysNeedToken
 from nulltickets.service.base import TrackerBase
 from nulltickets.service.verbs import verb
 from nulltickets.storage.backend import Backend
@@ -124,11 +124,6 @@ class KeyRing:
 _speaking: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "nulltickets_speaking", default=None
 )
-
-
-def _confirm_key(b: Backend, key_id: str) -> None:
-    if b.api_key_by_id(key_id) is None:
-        raise Unauthorized("the key was revoked")
 
 
 def _settle(heard: asyncio.Future[None]) -> None:

@@ -60,7 +60,23 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, Claimed, NewPipeline
+
+# What Leases._moves keeps and sends: the triggers it knows the moves of, and the moves of
+# one trigger sent with a transition.
+MAX_TRIGGERS = 256
+MAX_MOVES = 64
+
+
+def _transition_data(trigger: str, from_stage: str, to_stage: str, instructions: str | None) -> str:
+    """The data of a `transition` event."""
+    data = {
+        "trigger": trigger,
+        "from": from_stage,
+        "to": to_stage,
+        "instructions": instructions or "",
+    }
+    return _json(data)
 
 
 class Leases(TrackerBase):
@@ -168,73 +184,75 @@ class Leases(TrackerBase):
             b.insert_event(run_id, "retry_scheduled", _json(data), now)
 
     def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
-        core.lease_ttl(cmd.lease_ttl_ms)  # a bad TTL is refused before anything happens
+        """Claim the role's best claimable task: one call of `Backend.claim` (on PostgreSQL one
+        statement), with the run and lease ids and the token made here beforehand."""
+        requested = core.lease_ttl(cmd.lease_ttl_ms, default=0) or None  # refused if bad
         if now >= self._next_expiry:  # some lease may have expired: reap before choosing
             self.reap_expired(b, now)
         full = self._full_stages(b, cmd) if cmd.concurrency is not None else []
-        pipelines, capped = self._full_pairs(b, cmd.agent_role)
-        task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
-        if task is None:
-            return None
-        if task.pipeline_id not in pipelines:
-            # A pipeline created since the role's limits were read (by another server): read
-            # them again, and choose again under them.
-            self._capped.pop(cmd.agent_role, None)
-            _, capped = self._full_pairs(b, cmd.agent_role)
-            task = b.claim_candidate(cmd.agent_role, cmd.agent_id, now, full, capped)
-            if task is None:
-                return None
-        pipeline = self._definition(b, task.pipeline_id)
-        policy = pipeline.policy(task.stage) if pipeline is not None else fsm.NO_POLICY
-        ttl = core.lease_ttl(
-            cmd.lease_ttl_ms, default=policy.lease_ttl_ms or core.DEFAULT_LEASE_TTL_MS
-        )
         run_id, lease_id = new_id(), new_id()
-        attempt = b.insert_run(run_id, task.id, cmd.agent_id, cmd.agent_role, now, lease_id)
-        fence, checkpoint_json = b.bump_fence(task.id)
         token, token_hash = new_lease_token()
-        expires = now + ttl
-        self._next_expiry = min(self._next_expiry, expires)
-        b.insert_lease(
-            id=lease_id,
-            run_id=run_id,
-            agent_id=cmd.agent_id,
-            token_hash=token_hash,
-            expires_at_ms=expires,
-            ttl_ms=ttl,
-            fence=fence,
-            now=now,
-        )
+        got: Claimed | NewPipeline | None = None
+        for _ in range(3):
+            known, capped, ttls = self._role_limits(b, cmd.agent_role)
+            got = b.claim(
+                agent_role=cmd.agent_role,
+                agent_id=cmd.agent_id,
+                run_id=run_id,
+                lease_id=lease_id,
+                token_hash=token_hash,
+                ttl_ms=requested,
+                stage_ttls=ttls,
+                default_ttl_ms=core.DEFAULT_LEASE_TTL_MS,
+                full_stages=full,
+                capped=capped,
+                known_pipelines=known,
+                now=now,
+            )
+            if not isinstance(got, NewPipeline):
+                break
+            # A pipeline created since the role's limits were read (by another server): read
+            # them again, and choose again under them (a task of a pipeline whose definition
+            # this process has read is what the claim answers with, with no read after it).
+            self._capped.pop(cmd.agent_role, None)
+        if got is None or isinstance(got, NewPipeline):
+            return None
+        task = got.task
+        self._next_expiry = min(self._next_expiry, got.expires_at_ms)
         run = Run(
-            run_id, task.id, attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
+            run_id, task.id, got.attempt, RunStatus.RUNNING, cmd.agent_id, cmd.agent_role, now, None
         )
-        checkpoint = msgspec.Raw(checkpoint_json if checkpoint_json is not None else b"null")
+        checkpoint = got.checkpoint_json
         claimed = ClaimedTask(*msgspec.structs.astuple(task))  # the Task's fields, then:
         claimed.available_transitions = self._available(b, task)
-        claimed.checkpoint = checkpoint
-        claimed.fence = fence
-        if attempt > 1:
-            claimed.previous_failures = b.previous_failures(task.id)
-        return ClaimResult(claimed, run, lease_id, token, expires, fence)
+        claimed.checkpoint = msgspec.Raw(checkpoint if checkpoint is not None else b"null")
+        claimed.fence = got.fence
+        claimed.previous_failures = got.previous_failures
+        return ClaimResult(claimed, run, lease_id, token, got.expires_at_ms, got.fence)
 
-    def _full_pairs(self, b: Backend, role: str) -> tuple[frozenset[str], list[tuple[str, str]]]:
-        """The pipelines the role's limits were read from, and (pipeline, stage) of this role
-        whose stage policy's max_concurrency is reached. Claims run at once in threads on
-        PostgreSQL, and a new pipeline empties the cache meanwhile: what was read is returned,
-        never looked up again."""
+    def _role_limits(
+        self, b: Backend, role: str
+    ) -> tuple[frozenset[str], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+        """The pipelines the role's limits were read from; (pipeline, stage, max_concurrency)
+        of this role's stages whose policy caps them; and (pipeline, stage, lease TTL) of
+        those whose policy sets a TTL. Read once per role (a definition never changes; a new
+        pipeline empties the cache, and a claim that meets one reads them again). Claims run
+        at once in threads on PostgreSQL: what was read is returned, never looked up again."""
         known = self._capped.get(role)
         if known is None:
             capped = []
+            ttls = []
             pipelines = set()
             for pipeline_id, stage in b.role_stages(role):
                 pipelines.add(pipeline_id)
                 pipeline = self._definition(b, pipeline_id)
-                cap = pipeline.policy(stage).max_concurrency if pipeline is not None else None
-                if cap is not None:
-                    capped.append((pipeline_id, stage, cap))
-            known = self._capped[role] = (frozenset(pipelines), capped)
-        full = [(p, s) for p, s, cap in known[1] if b.leased_in_pipeline_stage(p, s) >= cap]
-        return known[0], full
+                policy = pipeline.policy(stage) if pipeline is not None else fsm.NO_POLICY
+                if policy.max_concurrency is not None:
+                    capped.append((pipeline_id, stage, policy.max_concurrency))
+                if policy.lease_ttl_ms:
+                    ttls.append((pipeline_id, stage, policy.lease_ttl_ms))
+            known = self._capped[role] = (frozenset(pipelines), capped, ttls)
+        return known
 
     def _full_stages(self, b: Backend, cmd: Claim) -> list[str]:
         """Stages whose per-state concurrency limit is reached (non-numeric or <= 0: no limit)."""
@@ -330,6 +348,16 @@ class Leases(TrackerBase):
     def heartbeat(
         self, b: Backend, lease_id: str, token_hash: bytes, cmd: Heartbeat, now: int
     ) -> int:
+        """Extend the lease. With the lease in order (nearly always) that is one statement;
+        otherwise the lease is read, and what is wrong with it said, in the order below."""
+        requested = cmd.lease_ttl_ms
+        if requested is None or requested > 0:  # a bad TTL is said after the lease's errors
+            ttl = None if requested is None else core.lease_ttl(requested)
+            expires = b.extend_held_lease(
+                lease_id, token_hash, cmd.expected_fence, ttl, core.DEFAULT_LEASE_TTL_MS, now
+            )
+            if expires is not None:
+                return expires
         lease = b.lease_by_id(lease_id)
         if cmd.expected_fence is not None:
             current = lease.fence if lease is not None else b.task_fence_of_lease(lease_id)
@@ -413,6 +441,7 @@ class Leases(TrackerBase):
         "/runs/{id}/transition",
         "Complete the run and move its task along a transition.",
         guard=Guard.LEASE,
+        name="transition",
         request=commands.MoveTask,
         response=model.TransitionResult,
         errors=(
@@ -433,7 +462,40 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
+    def move(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: MoveTask, now: int
+    ) -> TransitionResult:
+        """Complete the run and move its task. With the lease in order and the move known
+        (nearly always), that is one call of `Backend.transition_run` (on PostgreSQL one
+        statement); otherwise the lease is checked and the move decided step by step, which
+        says what is wrong, if anything."""
+        moves = self._moves(cmd.trigger, cmd.instructions)
+        try:
+            usage = compact_json(cmd.usage, "{}") or "{}"
+        except InvalidJson:
+            usage, moves = "", None  # said after the lease's errors, below
+        if moves is not None:
+            moved = b.transition_run(
+                run_id=run_id,
+                token_hash=token_hash,
+                fence=cmd.expected_fence,
+                expected_stage=cmd.expected_stage,
+                expected_task_version=cmd.expected_task_version,
+                moves=moves,
+                usage_json=usage,
+                now=now,
+            )
+            if moved is not None:
+                if not moved.notified:
+                    self._moved(
+                        b, moved.pipeline_id, moved.task_id, moved.from_stage, moved.to_stage
+                    )
+                return TransitionResult(moved.from_stage, moved.to_stage, cmd.trigger)
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        return self.transition(b, lease, cmd, now)
+
     def transition(self, b: Backend, lease: LeaseRow, cmd: MoveTask, now: int) -> TransitionResult:
+        """The transition step by step, under the lease checked."""
         if lease.run_status != RunStatus.RUNNING:
             raise RunNotRunning()
         pipeline = self._definition(b, lease.pipeline_id)
@@ -454,20 +516,65 @@ class Leases(TrackerBase):
             raise TaskVersionMismatch()
         b.delete_lease(lease.id)
         instructions = cmd.instructions if cmd.instructions is not None else move.instructions
-        data = {
-            "trigger": cmd.trigger,
-            "from": lease.stage,
-            "to": move.to_stage,
-            "instructions": instructions or "",
-        }
-        b.insert_event(lease.run_id, "transition", _json(data), now)
-        if self._listening:
-            self._signal(b, lease.pipeline_id, lease.stage)  # capacity freed in the old stage
-            self._signal(b, lease.pipeline_id, move.to_stage)  # new work in the new one
-            if pipeline.is_terminal(move.to_stage):  # dependents may be unblocked
-                for pipeline_id, stage in b.dependent_stages(lease.task_id):
-                    self._signal(b, pipeline_id, stage)
+        data = _transition_data(cmd.trigger, lease.stage, move.to_stage, instructions)
+        b.insert_event(lease.run_id, "transition", data, now)
+        self._moved(b, lease.pipeline_id, lease.task_id, lease.stage, move.to_stage)
         return TransitionResult(lease.stage, move.to_stage, cmd.trigger)
+
+    def _moved(
+        self, b: Backend, pipeline_id: str, task_id: str, from_stage: str, to_stage: str
+    ) -> None:
+        """The wake-ups of a task moved: capacity freed in the old stage, new work in the new
+        one, and, when that one is terminal, the tasks that depend on it."""
+        if not self._listening:
+            return
+        self._signal(b, pipeline_id, from_stage)
+        self._signal(b, pipeline_id, to_stage)
+        pipeline = self._definition(b, pipeline_id)
+        if pipeline is not None and pipeline.is_terminal(to_stage):
+            for dependent_pipeline, stage in b.dependent_stages(task_id):
+                self._signal(b, dependent_pipeline, stage)
+
+    def _moves(
+        self, trigger: str, instructions: str | None
+    ) -> list[tuple[str, str, str, str]] | None:
+        """Every move `trigger` makes in the pipelines this process has read, as
+        (pipeline, from stage, to stage, the transition event's data): what
+        Backend.transition_run chooses from. None when there is none (or too many to send):
+        the transition then goes step by step, reading the pipeline it needs."""
+        pipelines = self._pipelines
+        known = self._by_trigger.get(trigger)
+        if known is None or known[0] != len(pipelines):
+            found = []
+            for pipeline_id, pipeline in list(pipelines.items()):
+                if pipeline is None:
+                    continue
+                for t in pipeline.transitions:
+                    if (
+                        t.trigger == trigger
+                        and pipeline.find_transition(t.from_stage, trigger) is t
+                    ):
+                        found.append((pipeline_id, t.from_stage, t.to_stage, t.instructions))
+            if len(self._by_trigger) >= MAX_TRIGGERS:  # triggers come from requests
+                self._by_trigger.clear()
+            known = self._by_trigger[trigger] = (len(pipelines), found)
+        moves = known[1]
+        if not moves or len(moves) > MAX_MOVES:
+            return None
+        return [
+            (
+                pipeline_id,
+                from_stage,
+                to_stage,
+                _transition_data(
+                    trigger,
+                    from_stage,
+                    to_stage,
+                    instructions if instructions is not None else default,
+                ),
+            )
+            for pipeline_id, from_stage, to_stage, default in moves
+        ]
 
     @verb(
         "POST",
@@ -518,10 +625,31 @@ class Leases(TrackerBase):
             "checkpoint: save what it needs to resume.",
         ),
     )
+    def write_checkpoint(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: WriteCheckpoint, now: int
+    ) -> CheckpointResult:
+        """Merge the patch into the task's checkpoint, extend the lease, record an event. With
+        the lease in order and the patch an object (nearly always), that is one call of
+        `Backend.checkpoint_run` (on PostgreSQL one statement); otherwise the lease is checked
+        first, which says what is wrong, if anything."""
+        try:
+            patch = compact_json(cmd.checkpoint, None)
+        except InvalidJson:
+            patch = None  # said after the lease's errors, below
+        if patch is not None and patch.startswith("{"):
+            done = b.checkpoint_run(
+                run_id, token_hash, cmd.expected_fence, patch, core.DEFAULT_LEASE_TTL_MS, now
+            )
+            if done is not None:
+                merged, expires, fence = done
+                return CheckpointResult(msgspec.Raw(merged), expires, fence)
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        return self.checkpoint(b, lease, cmd, now)
+
     def checkpoint(
         self, b: Backend, lease: LeaseRow, cmd: WriteCheckpoint, now: int
     ) -> CheckpointResult:
-        """Merge the patch into the task's checkpoint, extend the lease, record an event."""
+        """The checkpoint step by step, under the lease checked."""
         patch = compact_json(cmd.checkpoint, None)
         if patch is None or not patch.startswith("{"):
             raise InvalidJson("checkpoint must be a JSON object (an RFC 7396 merge patch)")

@@ -44,7 +44,6 @@ from nulltickets.service.keys import (
     _MISS,
     REVOCATION_ECHO_S,
     KeyRing,
-    _confirm_key,
     _speaking,
 )
 from nulltickets.service.tracker import Tracker
@@ -181,7 +180,7 @@ class Service:
 
         def job(b: Backend) -> Answer | Outcome[T]:
             if key_id is not None:
-                _confirm_key(b, key_id)
+                b.confirm_key(key_id)
             now = clock()
             if idem is None:
                 return act(b, now)
@@ -196,7 +195,7 @@ class Service:
             return await self.db.read(job)
 
         def confirmed(b: Backend) -> T:
-            _confirm_key(b, key_id)
+            b.confirm_key(key_id)
             return job(b)
 
         return await self.db.read(confirmed)

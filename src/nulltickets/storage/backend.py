@@ -17,7 +17,9 @@ storage/sqlite/backend.py (SqliteBackend), storage/postgres/backend.py (Postgres
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -55,6 +57,7 @@ from nulltickets.errors import (
     DuplicateName,
     StorageBusy,
     StorageQueryError,
+    Unauthorized,
 )
 
 # (pipeline_id, stage, role (None: a stage without one that holds dead-lettered or cancelled
@@ -63,6 +66,43 @@ from nulltickets.errors import (
 StageBoardRow = tuple[str, str, str | None, int, int | None, int, int, int, int, int]
 # (role, claimable, oldest claimable created_at_ms or None, failed, stuck, near expiry)
 QueueRow = tuple[str, int, int | None, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What `Backend.claim` did: the task, the attempt its new run is, the fence the claim
+    raised it to, its checkpoint JSON (or None), when the new lease expires and its TTL, and
+    the earlier failed attempts (read only when this is not the first attempt)."""
+
+    task: Task
+    attempt: int
+    fence: int
+    checkpoint_json: str | None
+    expires_at_ms: int
+    ttl_ms: int
+    previous_failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """What `Backend.transition_run` did: the task of the pipeline moved from a stage to
+    another; `notified` when it also sent the wake-ups of those stages and of the tasks that
+    depend on it (else the caller does)."""
+
+    pipeline_id: str
+    task_id: str
+    from_stage: str
+    to_stage: str
+    notified: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NewPipeline:
+    """`Backend.claim` chose a task of a pipeline the caller's limits were not read from (one
+    created since): nothing was claimed; read the limits again and claim again."""
+
+    pipeline_id: str
+
 
 _MIN_TIME = -(2**63)
 _MAX_TIME = 2**63 - 1
@@ -457,6 +497,60 @@ class Backend:
         row = self._one("claim_candidate", params)
         return None if row is None else _task(row)
 
+    def claim(
+        self,
+        *,
+        agent_role: str,
+        agent_id: str,
+        run_id: str,
+        lease_id: str,
+        token_hash: bytes,
+        ttl_ms: int | None,
+        stage_ttls: Sequence[tuple[str, str, int]],
+        default_ttl_ms: int,
+        full_stages: Sequence[str],
+        capped: Sequence[tuple[str, str, int]],
+        known_pipelines: frozenset[str] | None,
+        now: int,
+    ) -> Claimed | NewPipeline | None:
+        """A whole claim: choose the best claimable task of the role (as claim_candidate,
+        passing over `full_stages` and the (pipeline, stage, cap) of `capped` whose running
+        runs reached their cap), start run `run_id` on it, raise its fence, and lease it as
+        `lease_id` under `token_hash` for `ttl_ms` (None: the TTL `stage_ttls` gives its
+        (pipeline, stage), else `default_ttl_ms`). None when nothing is claimable;
+        NewPipeline, having claimed nothing, when the task's pipeline is not among
+        `known_pipelines` (None: any pipeline will do). A claim that lost its task to another
+        raises as insert_run does. Composed here of the statements it names; a backend may
+        run it as one statement (PostgreSQL: claim_task)."""
+        full_pairs = [
+            (pipeline_id, stage)
+            for pipeline_id, stage, cap in capped
+            if self.leased_in_pipeline_stage(pipeline_id, stage) >= cap
+        ]
+        task = self.claim_candidate(agent_role, agent_id, now, full_stages, full_pairs)
+        if task is None:
+            return None
+        if known_pipelines is not None and task.pipeline_id not in known_pipelines:
+            return NewPipeline(task.pipeline_id)
+        if ttl_ms is None:
+            ttls = {(p, s): t for p, s, t in stage_ttls}
+            ttl_ms = ttls.get((task.pipeline_id, task.stage), default_ttl_ms)
+        attempt = self.insert_run(run_id, task.id, agent_id, agent_role, now, lease_id)
+        fence, checkpoint_json = self.bump_fence(task.id)
+        expires = now + ttl_ms
+        self.insert_lease(
+            id=lease_id,
+            run_id=run_id,
+            agent_id=agent_id,
+            token_hash=token_hash,
+            expires_at_ms=expires,
+            ttl_ms=ttl_ms,
+            fence=fence,
+            now=now,
+        )
+        failures = self.previous_failures(task.id) if attempt > 1 else []
+        return Claimed(task, attempt, fence, checkpoint_json, expires, ttl_ms, failures)
+
     def insert_run(
         self, id: str, task_id: str, agent_id: str, agent_role: str, now: int, lease_id: str
     ) -> int:
@@ -518,6 +612,106 @@ class Backend:
             "extend_lease", {"id": id, "expires_at_ms": expires_at_ms, "ttl_ms": ttl_ms, "now": now}
         )
 
+    def transition_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        expected_stage: str | None,
+        expected_task_version: int | None,
+        moves: Sequence[tuple[str, str, str, str]],
+        usage_json: str,
+        now: int,
+    ) -> Moved | None:
+        """A transition in one go: when run `run_id` is running under a live lease held with
+        `token_hash` (with `fence`, when given), its task is in `expected_stage` at
+        `expected_task_version` (each when given), and `moves` holds a (pipeline, from stage,
+        to stage, event data JSON) for the task's pipeline and stage: complete the run with
+        `usage_json`, move the task to that stage (its version raised), delete the lease and
+        record the `transition` event with that data. None when any of that is not so, and
+        nothing was changed (the caller finds out why). Composed here of the statements it
+        names; a backend may run it as one statement (PostgreSQL: transition_run), which
+        also sends the wake-ups of the stages concerned (Moved.notified)."""
+        lease = self.lease_by_run(run_id)
+        if (
+            lease is None
+            or not hmac.compare_digest(bytes(lease.token_hash), token_hash)
+            or lease.expires_at_ms <= now
+            or (fence is not None and lease.fence != fence)
+            or lease.run_status != "running"
+            or (expected_stage is not None and lease.stage != expected_stage)
+            or (expected_task_version is not None and lease.task_version != expected_task_version)
+        ):
+            return None
+        found = [m for m in moves if m[0] == lease.pipeline_id and m[1] == lease.stage]
+        if not found:
+            return None
+        _, from_stage, to_stage, data_json = found[0]
+        # The lease is held and its run is running in this unit of work: neither can fail.
+        if not self.end_run(run_id, "completed", usage_json, None, now):
+            raise StorageBusy("the run ended at the same moment")
+        if not self.move_task(lease.task_id, to_stage, lease.task_version, now):
+            raise StorageBusy("the task moved at the same moment")
+        self.delete_lease(lease.id)
+        self.insert_event(run_id, "transition", data_json, now)
+        return Moved(lease.pipeline_id, lease.task_id, from_stage, to_stage, notified=False)
+
+    def checkpoint_run(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        patch_json: str,
+        default_ttl_ms: int,
+        now: int,
+    ) -> tuple[str, int, int] | None:
+        """A checkpoint in one go: when run `run_id` has a live lease held with `token_hash`
+        (with `fence`, when given), merge the JSON object `patch_json` into its task's
+        checkpoint (merge_checkpoint), extend the lease by its TTL (else `default_ttl_ms`) and
+        record the `checkpoint` event of the patch. (The checkpoint merged, the lease's new
+        expiry, its fence); None when the lease is not so, and nothing was changed (the
+        caller finds out why). Composed here of the statements it names; a backend may run
+        it as one statement (PostgreSQL: checkpoint_run)."""
+        lease = self.lease_by_run(run_id)
+        if (
+            lease is None
+            or not hmac.compare_digest(bytes(lease.token_hash), token_hash)
+            or lease.expires_at_ms <= now
+            or (fence is not None and lease.fence != fence)
+        ):
+            return None
+        merged = self.merge_checkpoint(lease.task_id, patch_json)
+        ttl = lease.ttl_ms or default_ttl_ms
+        self.extend_lease(lease.id, now + ttl, ttl, now)
+        self.insert_event(run_id, "checkpoint", patch_json, now)
+        return merged, now + ttl, lease.fence
+
+    def extend_held_lease(
+        self,
+        id: str,
+        token_hash: bytes,
+        fence: int | None,
+        ttl_ms: int | None,
+        default_ttl_ms: int,
+        now: int,
+    ) -> int | None:
+        """A heartbeat in one statement: extend lease `id`, only if it is held with
+        `token_hash`, is live at `now` and (when given) still has `fence`, by `ttl_ms` (None:
+        its own TTL, else `default_ttl_ms`), which becomes its TTL. The new expiry, or None
+        when one of those failed (nothing changed; the caller finds out which)."""
+        params = {
+            "id": id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "ttl_ms": ttl_ms,
+            "default_ttl_ms": default_ttl_ms,
+            "key_id": None,  # confirm_key checked it (a backend may put it here instead)
+            "now": now,
+        }
+        value: int | None = self._value("extend_held_lease", params)
+        return value
+
     def rotate_lease_token(self, id: str, token_hash: bytes) -> bool:
         return self._exec("rotate_lease_token", {"id": id, "token_hash": token_hash}) > 0
 
@@ -546,6 +740,7 @@ class Backend:
                 "fence": fence,
                 "kind": kind,
                 "data_json": data_json,
+                "key_id": None,  # confirm_key checked it (a backend may put it here instead)
                 "now": now,
             },
         )
@@ -962,6 +1157,14 @@ class Backend:
     def api_key_by_id(self, id: str) -> KeyInfo | None:
         row = self._one("api_key_by_id", {"id": id})
         return None if row is None else _key(row)
+
+    def confirm_key(self, key_id: str) -> None:
+        """This unit of work acts for key `key_id`, which must still exist (another server may
+        have revoked it): Unauthorized when it does not, before anything is changed. A backend
+        may check it with the unit's first statement instead of one of its own (PostgreSQL:
+        each statement of PostgresBackend.ALONE refuses to change anything without the key)."""
+        if self.api_key_by_id(key_id) is None:
+            raise Unauthorized("the key was revoked")
 
     def list_api_keys(self) -> list[KeyInfo]:
         return [_key(r) for r in self._all("list_api_keys")]

@@ -10,6 +10,7 @@ so with LostRace, on which the database runs the whole unit of work again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -18,10 +19,19 @@ from typing import Any, LiteralString
 import msgspec
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
-from nulltickets.domain.model import LeaseRow, Task
-from nulltickets.errors import StorageBusy
-from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
+from nulltickets.domain.model import Failure, LeaseRow, Task
+from nulltickets.errors import StorageBusy, Unauthorized
+from nulltickets.storage.backend import (
+    Backend,
+    Claimed,
+    Moved,
+    NewPipeline,
+    QueueRow,
+    StageBoardRow,
+    _task,
+)
 from nulltickets.storage.queries import load_backend_queries
 
 Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
@@ -35,6 +45,23 @@ class LostRace(StorageBusy):
 
 
 _decode_any = msgspec.json.Decoder()
+_failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | None]])
+
+# Statements that are, when a unit of work that writes starts with them, that whole unit of
+# work: each then runs as its own transaction (autocommit), so PostgreSQL sees one message and
+# answers once, with no BEGIN and no COMMIT of their own. Each writes everything it writes in
+# itself, and what comes back says whether it wrote; when it did, the unit of work runs no
+# other statement (nothing after it could be in its transaction: the backend refuses to).
+# When one of them comes after another statement, it runs in that transaction, as any other.
+ALONE = frozenset(
+    {
+        "claim_task",
+        "extend_held_lease",
+        "insert_event_under_lease",
+        "transition_run",
+        "checkpoint_run",
+    }
+)
 
 
 def compact(text: str | None) -> str | None:
@@ -66,10 +93,52 @@ class PostgresBackend(Backend):
         self.notifications: list[tuple[str, int, str | None]] = []
         # Keys this unit of work revoked, told to every server at its COMMIT.
         self.revoked: list[str] = []
+        # The statement of ALONE that was this whole unit of work and is committed, if any.
+        self.committed_alone: str | None = None
+        # The key this unit of work acts for, until a statement confirmed it (confirm_key).
+        self.unconfirmed_key: str | None = None
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
         sql: LiteralString = Q[name]
-        return self.conn.execute(sql, params)
+        conn = self.conn
+        if self.committed_alone is not None:
+            raise RuntimeError(
+                f"{name} after {self.committed_alone}, which was its unit of work and committed"
+            )
+        alone = (
+            name in ALONE
+            and self.writing
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        )
+        if not alone and self.unconfirmed_key is not None:
+            self._confirm_unconfirmed_key()
+        if name in ALONE:  # each refuses to change anything without the key, when one is named
+            params = {**params, "key_id": self.unconfirmed_key if alone else None}
+        if alone:
+            conn.autocommit = True
+            try:
+                cur = conn.execute(sql, params)
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a broken connection: pool drops it
+                    conn.autocommit = False
+            self.committed_alone = name  # until its caller sees that it wrote nothing
+            return cur
+        return conn.execute(sql, params)
+
+    def _wrote_nothing(self) -> None:
+        """The statement of ALONE just run changed nothing (the key it was given, if any, may
+        be gone): the unit of work goes on, and its next statement confirms the key."""
+        self.committed_alone = None
+
+    def confirm_key(self, key_id: str) -> None:
+        # Checked by the unit's first statement: inside it when it is one of ALONE (one round
+        # trip), else by api_key_by_id just before it.
+        self.unconfirmed_key = key_id
+
+    def _confirm_unconfirmed_key(self) -> None:
+        key_id, self.unconfirmed_key = self.unconfirmed_key, None
+        if key_id is not None and self.api_key_by_id(key_id) is None:
+            raise Unauthorized("the key was revoked")
 
     def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self._cur(name, params or {}).fetchall()
@@ -134,6 +203,136 @@ class PostgresBackend(Backend):
         chunks.append(payload)
         for chunk in chunks:
             self._exec("notify", {"payload": chunk})
+
+    # --- the agent's cycle, each verb one statement (ALONE) ------------------------------------
+
+    def claim(
+        self,
+        *,
+        agent_role: str,
+        agent_id: str,
+        run_id: str,
+        lease_id: str,
+        token_hash: bytes,
+        ttl_ms: int | None,
+        stage_ttls: Sequence[tuple[str, str, int]],
+        default_ttl_ms: int,
+        full_stages: Sequence[str],
+        capped: Sequence[tuple[str, str, int]],
+        known_pipelines: frozenset[str] | None,
+        now: int,
+    ) -> Claimed | NewPipeline | None:
+        # claim_task: the statements of Backend.claim as one.
+        params = {
+            "agent_role": agent_role,
+            "agent_id": agent_id,
+            "run_id": run_id,
+            "lease_id": lease_id,
+            "token_hash": token_hash,
+            "ttl_ms": ttl_ms,
+            "stage_ttls": _encode(stage_ttls).decode() if stage_ttls else None,
+            "default_ttl_ms": default_ttl_ms,
+            "full_stages": _encode(full_stages).decode() if full_stages else None,
+            "capped": _encode(capped).decode() if capped else None,
+            "known": None if known_pipelines is None else _encode(sorted(known_pipelines)).decode(),
+            "now": now,
+        }
+        row = self._one("claim_task", params)
+        if row is None or row[15] is None:
+            self._wrote_nothing()
+        if row is None:
+            self._confirm_unconfirmed_key()  # nothing claimable, or the key is gone
+            return None
+        task = _task(row[:15])
+        if row[15] is None:
+            if known_pipelines is not None and task.pipeline_id not in known_pipelines:
+                return NewPipeline(task.pipeline_id)
+            raise LostRace("the task was claimed at the same moment; claim again")
+        failures = [Failure(*f) for f in _failures.decode(row[20])] if row[20] else []
+        return Claimed(
+            task, int(row[15]), int(row[16]), compact(row[17]), int(row[18]), int(row[19]), failures
+        )
+
+    def transition_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        expected_stage: str | None,
+        expected_task_version: int | None,
+        moves: Sequence[tuple[str, str, str, str]],
+        usage_json: str,
+        now: int,
+    ) -> Moved | None:
+        # transition_run: the statements of Backend.transition_run as one, with the wake-ups.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "expected_stage": expected_stage,
+            "expected_task_version": expected_task_version,
+            "moves": _encode(moves).decode(),
+            "usage_json": usage_json,
+            "now": now,
+        }
+        row = self._one("transition_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        return Moved(row[0], row[1], row[2], row[3], notified=True)
+
+    def checkpoint_run(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        patch_json: str,
+        default_ttl_ms: int,
+        now: int,
+    ) -> tuple[str, int, int] | None:
+        # checkpoint_run: the statements of Backend.checkpoint_run as one.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "patch": patch_json,
+            "default_ttl_ms": default_ttl_ms,
+            "now": now,
+        }
+        row = self._one("checkpoint_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        return str(compact(row[0])), int(row[1]), int(row[2])
+
+    def extend_held_lease(
+        self,
+        id: str,
+        token_hash: bytes,
+        fence: int | None,
+        ttl_ms: int | None,
+        default_ttl_ms: int,
+        now: int,
+    ) -> int | None:
+        expires = super().extend_held_lease(id, token_hash, fence, ttl_ms, default_ttl_ms, now)
+        if expires is None:
+            self._wrote_nothing()
+        return expires
+
+    def insert_event_under_lease(
+        self,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        kind: str,
+        data_json: str,
+        now: int,
+    ) -> int | None:
+        event_id = super().insert_event_under_lease(run_id, token_hash, fence, kind, data_json, now)
+        if event_id is None:
+            self._wrote_nothing()
+        return event_id
 
     # --- checkpoints: JSONB's text, compacted as SQLite writes it ------------------------------
 

@@ -8,6 +8,10 @@
 -- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
 -- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
 -- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
+-- The statements of PostgresBackend.ALONE (claim_task, extend_held_lease,
+-- insert_event_under_lease, transition_run, checkpoint_run) each take :key_id, the API key the
+-- request is made with when it is still to be confirmed (Backend.confirm_key), else NULL: they
+-- change nothing unless that key exists, so that the key's check costs no round trip.
 -- Row locks, one order everywhere (two servers taking them in opposite orders deadlock, and
 -- each deadlock costs deadlock_timeout and a retry): a task's row before its lease's, and
 -- whoever ends a run holds its task's row (lock_lease_by_*, expired_leases,
@@ -230,6 +234,148 @@ WHERE s.agent_role = :agent_role
 ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
 LIMIT 1;
 
+-- claim_task --
+-- Backend.claim in one statement (its own transaction: see PostgresBackend.ALONE): the choice
+-- of claim_candidate (the same walk, locks and order; stages at their cap are counted here,
+-- :capped an array of [pipeline_id, stage, cap], NULL when none is capped), then, unless the
+-- task's pipeline is not in :known (an array of pipeline ids; NULL: any), the run of
+-- insert_run, the fence of bump_fence, the lease of insert_lease (its TTL :ttl_ms, else the
+-- one :stage_ttls gives its stage as [pipeline_id, stage, ttl_ms], else :default_ttl_ms) and
+-- the task's earlier failures (previous_failures, when this is not its first attempt). The
+-- chosen task comes back whether or not it was claimed: attempt NULL means it was not (its
+-- pipeline is unknown, or, through runs_one_running_per_task, another server claimed it
+-- first; see claim_candidate), and nothing was written. No row: nothing is claimable.
+WITH candidate AS (
+    SELECT
+        c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+        c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+        c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
+    FROM pipeline_stages AS s
+    CROSS JOIN LATERAL (
+        SELECT
+            t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+            t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+            t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+        FROM tasks AS t
+        WHERE t.pipeline_id = s.pipeline_id
+            AND t.stage = s.stage
+            AND t.dead_letter_reason IS NULL
+            AND t.next_eligible_at_ms <= :now
+            AND NOT EXISTS (
+                SELECT 1 FROM runs AS r
+                WHERE r.task_id = t.id AND r.status = 'running'
+            )
+            AND NOT EXISTS (
+                SELECT 1
+                FROM task_dependencies AS d
+                JOIN tasks AS u ON u.id = d.depends_on_task_id
+                LEFT JOIN pipeline_stages AS us
+                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+                WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+            )
+            AND (
+                NOT EXISTS (
+                    SELECT 1 FROM task_assignments AS a
+                    WHERE a.task_id = t.id AND a.active
+                )
+                OR EXISTS (
+                    SELECT 1 FROM task_assignments AS a
+                    WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
+                )
+            )
+        ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
+        LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED
+    ) AS c
+    WHERE s.agent_role = :agent_role
+        AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS ak WHERE ak.id = :key_id::text))
+        AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
+        AND NOT EXISTS (
+            SELECT 1
+            FROM jsonb_array_elements(:capped::jsonb) AS k (v)
+            WHERE k.v ->> 0 = s.pipeline_id
+                AND k.v ->> 1 = s.stage
+                AND (
+                    SELECT count(*)
+                    FROM runs AS r
+                    JOIN tasks AS t ON t.id = r.task_id
+                    WHERE r.status = 'running'
+                        AND t.pipeline_id = s.pipeline_id
+                        AND t.stage = s.stage
+                ) >= (k.v ->> 2)::bigint
+        )
+    ORDER BY c.priority DESC, c.created_at_ms ASC, c.pipeline_id, c.stage, c.seq
+    LIMIT 1
+),
+started AS (
+    INSERT INTO runs (
+        id, task_id, attempt, status, agent_id, agent_role, started_at_ms, usage_json, lease_id
+    )
+    SELECT
+        :run_id,
+        c.id,
+        (SELECT coalesce(max(r.attempt), 0) + 1 FROM runs AS r WHERE r.task_id = c.id),
+        'running',
+        :agent_id,
+        :agent_role,
+        :now,
+        '{}',
+        :lease_id
+    FROM candidate AS c
+    WHERE :known::jsonb IS NULL OR :known::jsonb ? c.pipeline_id
+    ON CONFLICT DO NOTHING
+    RETURNING task_id, attempt
+),
+fenced AS (
+    UPDATE tasks AS t
+    SET fence = t.fence + 1
+    FROM started AS r
+    WHERE t.id = r.task_id
+    RETURNING t.fence, t.checkpoint_json::text AS checkpoint_json, t.pipeline_id, t.stage
+),
+leased AS (
+    INSERT INTO leases (
+        id, run_id, agent_id, token_hash, expires_at_ms, last_heartbeat_ms, ttl_ms, fence
+    )
+    SELECT :lease_id, :run_id, :agent_id, :token_hash, :now + x.ttl, :now, x.ttl, f.fence
+    FROM fenced AS f
+    CROSS JOIN LATERAL (
+        SELECT coalesce(
+            :ttl_ms::bigint,
+            (
+                SELECT (e.v ->> 2)::bigint
+                FROM jsonb_array_elements(:stage_ttls::jsonb) AS e (v)
+                WHERE e.v ->> 0 = f.pipeline_id AND e.v ->> 1 = f.stage
+                LIMIT 1
+            ),
+            :default_ttl_ms::bigint
+        ) AS ttl
+    ) AS x
+    RETURNING expires_at_ms, ttl_ms
+)
+SELECT
+    c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+    c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+    c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms,
+    r.attempt, f.fence, f.checkpoint_json, l.expires_at_ms, l.ttl_ms,
+    CASE WHEN r.attempt > 1 THEN (
+        SELECT jsonb_agg(
+            jsonb_build_array(p.attempt, p.id, p.status, p.error_text, p.ended_at_ms)
+            ORDER BY p.attempt DESC
+        )::text
+        FROM (
+            SELECT attempt, id, status, error_text, ended_at_ms
+            FROM runs
+            WHERE task_id = c.id AND status IN ('failed', 'stale')
+            ORDER BY attempt DESC
+            LIMIT 20
+        ) AS p
+    ) END
+FROM candidate AS c
+LEFT JOIN started AS r ON true
+LEFT JOIN fenced AS f ON true
+LEFT JOIN leased AS l ON true;
+
 -- insert_run --
 -- attempt = 1 + the highest attempt of any earlier run of the task, whatever its stage.
 -- Not one-to-one: when the task already has a running run (another server's claim won, see
@@ -296,11 +442,203 @@ WHERE l.run_id = :run_id
     AND l.token_hash = :token_hash
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
 LIMIT 1
 -- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
 -- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
 FOR SHARE OF l
 RETURNING id;
+
+-- extend_held_lease --
+-- A heartbeat: the lease extended only if it is held with this token, is live and (when one is
+-- given) still has this fence, by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
+-- becomes its TTL; the check and the write in one statement (its own transaction: see
+-- PostgresBackend.ALONE). No row back means one of those failed; the caller then finds out
+-- which. Not one-to-one: it locks the lease row alone, not its task's first (see the top); it
+-- holds no other lock, so it waits for whoever holds the lease and no one waits for it while
+-- it does. A lease deleted meanwhile (a transition, the reaper) is found gone.
+UPDATE leases
+SET expires_at_ms = :now + coalesce(:ttl_ms::bigint, nullif(ttl_ms, 0), :default_ttl_ms::bigint),
+    last_heartbeat_ms = :now,
+    ttl_ms = coalesce(:ttl_ms::bigint, nullif(ttl_ms, 0), :default_ttl_ms::bigint)
+WHERE id = :id
+    AND token_hash = :token_hash
+    AND expires_at_ms > :now
+    AND (:fence::bigint IS NULL OR fence = :fence::bigint)
+    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
+RETURNING expires_at_ms;
+
+-- transition_run --
+-- Backend.transition_run in one statement (its own transaction: see PostgresBackend.ALONE):
+-- the lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence and :expected_stage and :expected_task_version when given,
+-- and its run running; the move :moves gives its (pipeline, stage), an array of
+-- [pipeline_id, from_stage, to_stage, event data]; then end_run, move_task, delete_lease and
+-- insert_event of the transition, each on what the one before it changed (none can miss under
+-- those locks: nothing ends a run or moves a task without its task's lock), and the wake-ups of
+-- notify (the same channel and lines): the roles of the old stage (capacity freed), the new
+-- one (new work), and, when the new one is terminal, the stages of the tasks that depend on
+-- it; a payload too long for pg_notify wakes every role ("*"). No row: nothing was changed
+-- (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, r.task_id, t.stage, t.task_version, t.pipeline_id
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
+        AND r.status = 'running'
+        AND (:expected_stage::text IS NULL OR t.stage = :expected_stage::text)
+        AND (
+            :expected_task_version::bigint IS NULL
+            OR t.task_version = :expected_task_version::bigint
+        )
+    FOR UPDATE OF t, l
+),
+chosen AS (
+    SELECT
+        h.id, h.run_id, h.task_id, h.stage, h.task_version, h.pipeline_id,
+        m.v ->> 2 AS to_stage, m.v ->> 3 AS data_json
+    FROM held AS h
+    CROSS JOIN LATERAL (
+        SELECT e.v
+        FROM jsonb_array_elements(:moves::jsonb) AS e (v)
+        WHERE e.v ->> 0 = h.pipeline_id AND e.v ->> 1 = h.stage
+        LIMIT 1
+    ) AS m
+),
+ended AS (
+    UPDATE runs AS r
+    SET status = 'completed', ended_at_ms = :now, usage_json = :usage_json, error_text = NULL
+    FROM chosen AS c
+    WHERE r.id = c.run_id AND r.status = 'running'
+    RETURNING r.id
+),
+moved AS (
+    UPDATE tasks AS t
+    SET stage = c.to_stage,
+        task_version = t.task_version + 1,
+        dead_letter_reason = NULL,
+        next_eligible_at_ms = 0,
+        failed_at_ms = NULL,
+        last_error = NULL,
+        updated_at_ms = :now
+    FROM chosen AS c
+    JOIN ended AS e ON e.id = c.run_id
+    WHERE t.id = c.task_id AND t.task_version = c.task_version
+    RETURNING t.id
+),
+done AS (
+    SELECT c.id, c.run_id, c.task_id, c.stage, c.pipeline_id, c.to_stage, c.data_json
+    FROM chosen AS c
+    JOIN moved AS d ON d.id = c.task_id
+),
+gone AS (
+    DELETE FROM leases AS l
+    USING done AS d
+    WHERE l.id = d.id
+    RETURNING l.id
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT d.run_id, :now, 'transition', d.data_json
+    FROM done AS d
+    RETURNING id
+),
+woken AS (
+    SELECT s.agent_role AS role, count(*) AS n
+    FROM (
+        SELECT d.pipeline_id, d.stage FROM done AS d
+        UNION ALL
+        SELECT d.pipeline_id, d.to_stage FROM done AS d
+        UNION ALL
+        SELECT t.pipeline_id, t.stage
+        FROM done AS d
+        JOIN pipeline_stages AS ds
+            ON ds.pipeline_id = d.pipeline_id AND ds.stage = d.to_stage AND ds.terminal
+        JOIN task_dependencies AS dep ON dep.depends_on_task_id = d.task_id
+        JOIN tasks AS t ON t.id = dep.task_id
+    ) AS w (pipeline_id, stage)
+    JOIN pipeline_stages AS s ON s.pipeline_id = w.pipeline_id AND s.stage = w.stage
+    WHERE s.agent_role IS NOT NULL
+    GROUP BY s.agent_role
+),
+payload AS (
+    SELECT string_agg(
+        w.role || E'\t0' || CASE WHEN w.n > 1 THEN ';' || w.n ELSE '' END, E'\n' ORDER BY w.role
+    ) AS lines
+    FROM woken AS w
+)
+SELECT
+    d.pipeline_id, d.task_id, d.stage, d.to_stage,
+    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
+    (
+        SELECT count(*)
+        FROM (
+            SELECT pg_notify(
+                'nulltickets_claimable',
+                CASE WHEN octet_length(p.lines) <= 7000 THEN p.lines ELSE E'*\t0' END
+            )
+            FROM payload AS p
+            WHERE p.lines IS NOT NULL
+        ) AS sent
+    )
+FROM done AS d;
+
+-- checkpoint_run --
+-- Backend.checkpoint_run in one statement (its own transaction: see PostgresBackend.ALONE):
+-- the lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live and with :fence when given; then merge_checkpoint on its task, extend_lease
+-- by its TTL (else :default_ttl_ms) and insert_event of the patch, each on the locked rows (none
+-- can miss). No row: nothing was changed (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, r.task_id, l.fence
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
+    FOR UPDATE OF t, l
+),
+merged AS (
+    UPDATE tasks AS t
+    SET checkpoint_json = jsonb_merge_patch(coalesce(t.checkpoint_json, '{}'::jsonb), :patch::jsonb)
+    FROM held AS h
+    WHERE t.id = h.task_id
+    RETURNING t.checkpoint_json::text AS checkpoint
+),
+extended AS (
+    UPDATE leases AS l
+    SET expires_at_ms = :now + coalesce(nullif(l.ttl_ms, 0), :default_ttl_ms::bigint),
+        last_heartbeat_ms = :now,
+        ttl_ms = coalesce(nullif(l.ttl_ms, 0), :default_ttl_ms::bigint)
+    FROM held AS h
+    WHERE l.id = h.id
+    RETURNING l.expires_at_ms
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT h.run_id, :now, 'checkpoint', :patch
+    FROM held AS h
+    RETURNING id
+)
+SELECT m.checkpoint, e.expires_at_ms, h.fence
+FROM held AS h
+CROSS JOIN merged AS m
+CROSS JOIN extended AS e
+WHERE (SELECT count(*) FROM recorded) = 1;
 
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).

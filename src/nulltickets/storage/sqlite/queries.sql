@@ -245,8 +245,25 @@ WHERE l.run_id = :run_id
     AND l.token_hash = :token_hash
     AND l.expires_at_ms > :now
     AND (:fence IS NULL OR l.fence = :fence)
+    AND (:key_id IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id))
 LIMIT 1
 RETURNING id;
+
+-- extend_held_lease --
+-- A heartbeat: the lease extended only if it is held with this token, is live, (when one is
+-- given) still has this fence and is asked for with a key that exists (:key_id, when given), by :ttl_ms (NULL: its own TTL, else :default_ttl_ms), which
+-- becomes its TTL; the check and the write in one statement. No row back means one of those
+-- failed; the caller then finds out which.
+UPDATE leases
+SET expires_at_ms = :now + coalesce(:ttl_ms, nullif(ttl_ms, 0), :default_ttl_ms),
+    last_heartbeat_ms = :now,
+    ttl_ms = coalesce(:ttl_ms, nullif(ttl_ms, 0), :default_ttl_ms)
+WHERE id = :id
+    AND token_hash = :token_hash
+    AND expires_at_ms > :now
+    AND (:fence IS NULL OR fence = :fence)
+    AND (:key_id IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id))
+RETURNING expires_at_ms;
 
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: a claim skips leased tasks).
