@@ -39,12 +39,18 @@ ENV_ALLOWED_ORIGINS = "NULLTICKETS_ALLOWED_ORIGINS"
 ENV_ALLOWED_HOSTS = "NULLTICKETS_ALLOWED_HOSTS"
 ENV_MAX_WAITERS = "NULLTICKETS_MAX_WAITERS"
 ENV_MAX_STREAMS = "NULLTICKETS_MAX_STREAMS"
+ENV_RETENTION = "NULLTICKETS_RETENTION"
+ENV_PRUNE_INTERVAL = "NULLTICKETS_PRUNE_INTERVAL"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
 DEFAULT_DB = "nulltickets.db"
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_READ_TIMEOUT = 30.0
+# Retention (service/retention.py): finished tasks and their history older than this are
+# pruned; None keeps everything (`--retention off`).
+DEFAULT_RETENTION_S = 30 * 86_400.0
+DEFAULT_PRUNE_INTERVAL_S = 60.0
 DURABILITIES = ("full", "normal")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -66,6 +72,8 @@ SETTINGS = (
     ("allowed_hosts", "--allowed-hosts", "allowed_hosts", ENV_ALLOWED_HOSTS),
     ("max_waiters", "--max-waiters", "max_waiters", ENV_MAX_WAITERS),
     ("max_streams", "--max-streams", "max_streams", ENV_MAX_STREAMS),
+    ("retention_s", "--retention", "retention", ENV_RETENTION),
+    ("prune_interval_s", "--prune-interval", "prune_interval", ENV_PRUNE_INTERVAL),
 )
 
 
@@ -95,6 +103,10 @@ class Settings(msgspec.Struct, frozen=True):
     # started that way.
     max_waiters: int | None = None
     max_streams: int | None = None
+    # Finished tasks and their history older than this many seconds are pruned by a
+    # background job every prune_interval_s; None: never.
+    retention_s: float | None = DEFAULT_RETENTION_S
+    prune_interval_s: float = DEFAULT_PRUNE_INTERVAL_S
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -123,6 +135,8 @@ class Flags(msgspec.Struct, frozen=True):
     allowed_hosts: tuple[str, ...] | None = None
     max_waiters: int | None = None
     max_streams: int | None = None
+    retention_s: float | None = None  # 0: off (None stays "not given")
+    prune_interval_s: float | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -147,6 +161,8 @@ class FileConfig(msgspec.Struct, frozen=True):
     allowed_hosts: tuple[str, ...] | None = None
     max_waiters: int | None = None
     max_streams: int | None = None
+    retention_s: float | None = None  # 0: off
+    prune_interval_s: float | None = None
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -230,20 +246,37 @@ def parse_seconds(value: str, source: str) -> float:
     return seconds
 
 
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+", re.ASCII)
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+", re.ASCII)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)", re.ASCII)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(value: str, source: str) -> float:
-    """Seconds from a duration: `30s`, `5m`, `1h`, `1h30m`, `250ms`, or a bare number of
-    seconds."""
+    """Seconds from a duration: `30s`, `5m`, `1h`, `1h30m`, `250ms`, `30d`, or a bare number
+    of seconds."""
     text = value.strip().lower()
     if text.replace(".", "", 1).isdigit() and text.isascii():
         return float(text)
     if not _DURATION.fullmatch(text):
         raise ConfigError(f"{source} must be a duration like 30s, 5m or 1h, got {value!r}")
     return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+def parse_retention(value: str, source: str) -> float:
+    """A duration (`30d`, `12h`, `90m`), or `off` (also `none`, `0`) for no retention: 0.0."""
+    if value.strip().lower() in ("off", "none", "never", "0"):
+        return 0.0
+    seconds = parse_duration(value, source)
+    if seconds <= 0:
+        raise ConfigError(f"{source} must be a positive duration or off, got {value!r}")
+    return seconds
+
+
+def parse_interval(value: str, source: str) -> float:
+    seconds = parse_duration(value, source)
+    if seconds <= 0:
+        raise ConfigError(f"{source} must be a positive duration, got {value!r}")
+    return seconds
 
 
 def parse_choice(value: str, choices: tuple[str, ...], source: str) -> str:
@@ -398,6 +431,14 @@ def read_config(path: Path) -> FileConfig | None:
             counts[key] = _config_int(doc, key, where)
             if counts[key] < 0:
                 raise ConfigError(f"{where}: {key!r} must be 0 or more, got {counts[key]}")
+    durations: dict[str, float] = {}
+    for key, parse in (("retention", parse_retention), ("prune_interval", parse_interval)):
+        value = doc.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f"{where}: {key!r} must be a duration like \"30d\", got {value!r}")
+        durations[key] = parse(str(value), f"{where}: {key!r}")
     return FileConfig(
         path=where,
         db=None if db is None else resolve_db(db, path.parent),
@@ -415,6 +456,8 @@ def read_config(path: Path) -> FileConfig | None:
         allowed_hosts=_config_list(doc, "allowed_hosts", where, parse_hosts),
         max_waiters=counts.get("max_waiters"),
         max_streams=counts.get("max_streams"),
+        retention_s=durations.get("retention"),
+        prune_interval_s=durations.get("prune_interval"),
     )
 
 
@@ -575,6 +618,19 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.max_streams,
             var(ENV_MAX_STREAMS, parse_count),
             base.max_streams,
+        ),
+        retention_s=_decide(
+            flags.retention_s,
+            file.retention_s,
+            var(ENV_RETENTION, parse_retention),
+            DEFAULT_RETENTION_S,
+        )
+        or None,
+        prune_interval_s=_decide(
+            flags.prune_interval_s,
+            file.prune_interval_s,
+            var(ENV_PRUNE_INTERVAL, parse_interval),
+            base.prune_interval_s,
         ),
     )
 

@@ -29,6 +29,7 @@ POSTGRES_ONLY = {
     "listen": "notifier.py: the listening connection of each process",
     "lock_lease_by_run": "lease_by_run in a write: lease-protected writes on one lease in turn",
     "lock_lease_by_id": "lease_by_id in a write (the same)",
+    "prune_lock": "retention: one server prunes at a time",
 }
 
 # Queries only SQLite has, and why.
