@@ -437,7 +437,7 @@ def read_config(path: Path) -> FileConfig | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ConfigError(f"{where}: {key!r} must be a duration like \"30d\", got {value!r}")
+            raise ConfigError(f'{where}: {key!r} must be a duration like "30d", got {value!r}')
         durations[key] = parse(str(value), f"{where}: {key!r}")
     return FileConfig(
         path=where,

@@ -106,7 +106,9 @@ def test_the_background_job_prunes_finished_tasks_and_nothing_live(make_server: 
     # Two more whole passes, each older than the retention for every task here: the running
     # and the queued task stay, with the running one's run and event.
     passes = metric(client, "nulltickets_prune_passes_total")
-    wait_for("two more passes", lambda: metric(client, "nulltickets_prune_passes_total") >= passes + 2)
+    wait_for(
+        "two more passes", lambda: metric(client, "nulltickets_prune_passes_total") >= passes + 2
+    )
     assert exists(client, running) and exists(client, queued)
     r = client.get(f"/runs/{running_run}/events")
     assert r.status == 200, r.body

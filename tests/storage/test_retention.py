@@ -5,9 +5,12 @@ newer), the export of those rows, loose spans, recorded answers, and giving page
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from nulltickets.domain.model import SpanRow
+from nulltickets.service.retention import Pruner, PruneReport
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, claimed, covers, make_pipeline, make_task, new_id
@@ -235,3 +238,69 @@ def test_a_file_gives_its_free_pages_back(database: Database, backend: str) -> N
         database.write_sync(lambda b: b.give_back_pages(64))
     after = database.read_sync(lambda b: b.free_pages())
     assert after is not None and after[0] == 0 and after[1] < before[1] - 100
+
+
+def test_two_servers_pruning_at_once_delete_each_task_once(
+    opened: Callable[[], Database],
+) -> None:
+    """Two databases on one target (two servers) prune the same finished tasks at once, in
+    small batches: every task is deleted exactly once, and neither fails."""
+    first, second = opened(), opened()
+
+    def fill(b: Backend) -> list[str]:
+        p = make_pipeline(b, "a", stages=(("todo", "a", False), ("done", None, True)))
+        return [make_task(b, p, stage="done", now=NOW) for _ in range(300)]
+
+    ids = first.write_sync(fill)
+    reports: list[PruneReport] = []
+    errors: list[BaseException] = []
+
+    def prune(database: Database) -> None:
+        try:
+            reports.append(Pruner(database, batch=10).prune(CUTOFF, vacuum=False))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=prune, args=(d,)) for d in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # A pass that found the other server pruning stopped at once (PostgreSQL); what the other
+    # did not finish the next pass does.
+    while True:
+        report = Pruner(first, batch=10).prune(CUTOFF, vacuum=False)
+        reports.append(report)
+        if not report.skipped and not report.deleted.get("tasks"):
+            break
+    assert sum(r.deleted.get("tasks", 0) for r in reports) == len(ids)
+    assert not any(first.read_sync(lambda b: [b.task_exists(i) for i in ids]))
+
+
+def test_one_server_prunes_at_a_time_on_a_shared_database(
+    opened: Callable[[], Database],
+) -> None:
+    first, second = opened(), opened()
+    if not first.capabilities.shared_by_servers:
+        # One server per file: its single writer runs one unit of work at a time anyway.
+        assert first.write_sync(lambda b: b.try_prune_lock())
+        return
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(b: Backend) -> bool:
+        got = b.try_prune_lock()
+        holding.set()
+        release.wait(10)
+        return got
+
+    thread = threading.Thread(target=lambda: first.write_sync(hold))
+    thread.start()
+    try:
+        assert holding.wait(10)
+        assert second.write_sync(lambda b: b.try_prune_lock()) is False
+        assert Pruner(second).prune(CUTOFF).skipped
+    finally:
+        release.set()
+        thread.join()
+    assert second.write_sync(lambda b: b.try_prune_lock()) is True  # released with its unit

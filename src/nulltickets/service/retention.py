@@ -208,9 +208,9 @@ class Pruner:
         are deleted, never exported."""
         while not self.stopping():
             n = self.db.write_sync(
-                lambda b: b.prune_idempotency(report.before_ms, BATCH_ROWS)
-                if b.try_prune_lock()
-                else 0
+                lambda b: (
+                    b.prune_idempotency(report.before_ms, BATCH_ROWS) if b.try_prune_lock() else 0
+                )
             )
             if n:
                 self._count(report, {"idempotency_keys": n})

@@ -994,7 +994,9 @@ class Backend:
             spans = [("otlp_spans", r) for r in self._rows("prune_export_loose_spans", params)]
         span_count = self._exec("prune_delete_loose_spans", params)
         if export:
-            batches = [("otlp_batches", r) for r in self._rows("prune_export_empty_batches", params)]
+            batches = [
+                ("otlp_batches", r) for r in self._rows("prune_export_empty_batches", params)
+            ]
         batch_count = self._exec("prune_delete_empty_batches", params)
         # A batch before its spans, in the order a restore writes them.
         return batches + spans, {"otlp_spans": span_count, "otlp_batches": batch_count}
