@@ -246,14 +246,15 @@ def parse_seconds(value: str, source: str) -> float:
     return seconds
 
 
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+", re.ASCII)
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)", re.ASCII)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+", re.ASCII)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DAYS = re.compile(r"([0-9]+(?:\.[0-9]+)?)d(.*)", re.ASCII)
 
 
 def parse_duration(value: str, source: str) -> float:
-    """Seconds from a duration: `30s`, `5m`, `1h`, `1h30m`, `250ms`, `30d`, or a bare number
-    of seconds."""
+    """Seconds from a duration: `30s`, `5m`, `1h`, `1h30m`, `250ms`, or a bare number of
+    seconds."""
     text = value.strip().lower()
     if text.replace(".", "", 1).isdigit() and text.isascii():
         return float(text)
@@ -262,11 +263,25 @@ def parse_duration(value: str, source: str) -> float:
     return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
 
 
+def parse_age(value: str, source: str) -> float:
+    """Seconds from an age: a duration, which may start with days (`30d`, `1d12h`)."""
+    days = _DAYS.fullmatch(value.strip().lower())
+    try:
+        if days is None:
+            return parse_duration(value, source)
+        rest = parse_duration(days.group(2), source) if days.group(2) else 0.0
+    except ConfigError:
+        raise ConfigError(
+            f"{source} must be a duration like 30d, 12h or 90m, got {value!r}"
+        ) from None
+    return float(days.group(1)) * 86_400.0 + rest
+
+
 def parse_retention(value: str, source: str) -> float:
-    """A duration (`30d`, `12h`, `90m`), or `off` (also `none`, `0`) for no retention: 0.0."""
+    """An age (`30d`, `12h`, `90m`), or `off` (also `none`, `0`) for no retention: 0.0."""
     if value.strip().lower() in ("off", "none", "never", "0"):
         return 0.0
-    seconds = parse_duration(value, source)
+    seconds = parse_age(value, source)
     if seconds <= 0:
         raise ConfigError(f"{source} must be a positive duration or off, got {value!r}")
     return seconds

@@ -191,13 +191,13 @@ def prune_command(args: argparse.Namespace) -> int:
     import msgspec
 
     from nulltickets import logs
-    from nulltickets.config import parse_duration
+    from nulltickets.config import parse_age
     from nulltickets.domain.clock import wall_ms
     from nulltickets.service.retention import Export, Pruner
     from nulltickets.storage.factory import display_name, is_postgres, open_database
     from nulltickets.storage.sqlite import maintenance
 
-    older_than = parse_duration(args.older_than, "--older-than")
+    older_than = parse_age(args.older_than, "--older-than")
     target = _database(args)
     switched = None
     if args.vacuum and not is_postgres(target):
