@@ -41,6 +41,7 @@ ENV_MAX_WAITERS = "NULLTICKETS_MAX_WAITERS"
 ENV_MAX_STREAMS = "NULLTICKETS_MAX_STREAMS"
 ENV_RETENTION = "NULLTICKETS_RETENTION"
 ENV_PRUNE_INTERVAL = "NULLTICKETS_PRUNE_INTERVAL"
+ENV_RETENTION_EXPORT = "NULLTICKETS_RETENTION_EXPORT"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
@@ -74,6 +75,7 @@ SETTINGS = (
     ("max_streams", "--max-streams", "max_streams", ENV_MAX_STREAMS),
     ("retention_s", "--retention", "retention", ENV_RETENTION),
     ("prune_interval_s", "--prune-interval", "prune_interval", ENV_PRUNE_INTERVAL),
+    ("retention_export", "--retention-export", "retention_export", ENV_RETENTION_EXPORT),
 )
 
 
@@ -107,6 +109,8 @@ class Settings(msgspec.Struct, frozen=True):
     # background job every prune_interval_s; None: never.
     retention_s: float | None = DEFAULT_RETENTION_S
     prune_interval_s: float = DEFAULT_PRUNE_INTERVAL_S
+    # A JSON-lines file every pruned row is appended to before it is deleted; None: none.
+    retention_export: str | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -137,6 +141,7 @@ class Flags(msgspec.Struct, frozen=True):
     max_streams: int | None = None
     retention_s: float | None = None  # 0: off (None stays "not given")
     prune_interval_s: float | None = None
+    retention_export: str | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -163,6 +168,7 @@ class FileConfig(msgspec.Struct, frozen=True):
     max_streams: int | None = None
     retention_s: float | None = None  # 0: off
     prune_interval_s: float | None = None
+    retention_export: str | None = None  # resolved against the file's directory
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -473,7 +479,18 @@ def read_config(path: Path) -> FileConfig | None:
         max_streams=counts.get("max_streams"),
         retention_s=durations.get("retention"),
         prune_interval_s=durations.get("prune_interval"),
+        retention_export=_export_path(_string(doc, "retention_export", where), path.parent, where),
     )
+
+
+def _export_path(value: str | None, config_dir: Path, where: str) -> str | None:
+    """A relative export file in a config file lives next to that file, as `db` does."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{where}: 'retention_export' must not be empty")
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else config_dir.absolute() / path)
 
 
 def _config_int(doc: Mapping[str, Any], key: str, where: str) -> int:
@@ -646,6 +663,12 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.prune_interval_s,
             var(ENV_PRUNE_INTERVAL, parse_interval),
             base.prune_interval_s,
+        ),
+        retention_export=_decide(
+            flags.retention_export,
+            file.retention_export,
+            var(ENV_RETENTION_EXPORT, parse_db),
+            base.retention_export,
         ),
     )
 

@@ -117,6 +117,32 @@ def test_the_background_job_prunes_finished_tasks_and_nothing_live(make_server: 
     ]
 
 
+def test_the_background_job_exports_before_it_deletes(make_server: Any, tmp_path: Path) -> None:
+    export = tmp_path / "background.jsonl"
+    server = make_server(
+        args=["--retention", "1s", "--prune-interval", "0.1s", "--retention-export", str(export)]
+    )
+    client = server.client()
+    p, role = pipeline(client)
+    new_task(client, p, description="keep a copy")
+    finished, run_id = work(client, role)
+    wait_for("the finished task to be pruned", lambda: not exists(client, finished))
+    rows = [json.loads(line) for line in export.read_text().splitlines()]
+    [task_row] = [r["row"] for r in rows if r["table"] == "tasks" and r["row"]["id"] == finished]
+    assert task_row["description"] == "keep a copy"
+    assert [r["row"]["id"] for r in rows if r["table"] == "runs"] == [run_id]
+    assert export.stat().st_mode & 0o077 == 0
+
+
+def test_an_export_file_that_cannot_be_written_stops_the_start(tmp_path: Path) -> None:
+    result = run_cli(
+        "serve", "--db", str(tmp_path / "x.db"), "--retention-export",
+        str(tmp_path / "missing" / "x.jsonl"), home=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--retention-export" in one_line(result)
+
+
 def test_retention_off_keeps_everything(make_server: Any) -> None:
     server = make_server(args=["--retention", "off", "--prune-interval", "0.1s"])
     client = server.client()

@@ -51,6 +51,7 @@ CASES: dict[str, tuple[Any, Any, str, Any]] = {
     "max_streams": (10, 0, "30", 30),
     "retention_s": (3600.0, "2d", "12h", 43200.0),
     "prune_interval_s": (5.0, 10, "1m30s", 90.0),
+    "retention_export": ("flag.jsonl", "file.jsonl", "env.jsonl", "env.jsonl"),
 }
 FLAG_FIELD = {"body_timeout_s": "read_timeout_s"}
 # What a file value (a JSON list) becomes.
@@ -86,7 +87,9 @@ def test_flag_beats_file_beats_environment_beats_default(
     write(home / "config.json", {key: file_value})
     from_file = getattr(build_settings(Flags(), env), setting)
     assert from_file == (
-        str(home / file_value) if setting == "db" else FROM_FILE.get(setting, file_value)
+        str(home / file_value)
+        if setting in ("db", "retention_export")
+        else FROM_FILE.get(setting, file_value)
     )
     flags = Flags(**{FLAG_FIELD.get(setting, setting): flag_value})
     assert getattr(build_settings(flags, env), setting) == flag_value

@@ -23,6 +23,7 @@ from nulltickets.config import (
     ENV_PRUNE_INTERVAL,
     ENV_READ_TIMEOUT,
     ENV_RETENTION,
+    ENV_RETENTION_EXPORT,
     ENV_TOKEN,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -32,6 +33,7 @@ from nulltickets.config import (
     build_settings,
     parse_choice,
     parse_count,
+    parse_db,
     parse_hosts,
     parse_interval,
     parse_origins,
@@ -148,6 +150,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "how often the background pruning looks for work (default 60s)",
         metavar="DURATION",
     )
+    opt(
+        "--retention-export",
+        ENV_RETENTION_EXPORT,
+        "append every row the background pruning deletes to this JSON-lines file first "
+        "(default: none)",
+        metavar="FILE",
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
@@ -194,6 +203,9 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         prune_interval_s=None
         if args.prune_interval is None
         else parse_interval(args.prune_interval, "--prune-interval"),
+        retention_export=None
+        if args.retention_export is None
+        else parse_db(args.retention_export, "--retention-export"),
     )
 
 

@@ -93,7 +93,11 @@ class App:
             # A thread of its own: each batch is a short transaction of its own, and an export
             # file's fsync never runs on the loop's thread.
             ctx.retention = RetentionJob(
-                db, self.settings.retention_s, self.settings.prune_interval_s, service.clock
+                db,
+                self.settings.retention_s,
+                self.settings.prune_interval_s,
+                service.clock,
+                export=self.settings.retention_export,
             )
             ctx.retention.start()
         if not self.owns_process:

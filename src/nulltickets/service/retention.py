@@ -242,12 +242,16 @@ class RetentionJob:
         retention_s: float,
         interval_s: float,
         clock: Callable[[], int],
+        *,
+        export: str | None = None,
     ) -> None:
         self.retention_ms = int(retention_s * 1000)
         self.interval_s = interval_s
         self.clock = clock
         self._stop = threading.Event()
-        self.pruner = Pruner(db, stopping=self._stop.is_set)
+        # Opened (and created) now, so that a file that cannot be written fails the start.
+        self.export = None if export is None else Export(export)
+        self.pruner = Pruner(db, self.export, stopping=self._stop.is_set)
         self.passes = 0
         self._thread = threading.Thread(target=self._run, name="nulltickets-retention", daemon=True)
 
@@ -262,6 +266,8 @@ class RetentionJob:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.export is not None:
+            self.export.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
