@@ -220,16 +220,20 @@ class Pruner:
     def give_back(self, report: PruneReport | None = None) -> tuple[int, int] | None:
         """Give the free pages of a SQLite file back, VACUUM_PAGES per transaction; (pages,
         free pages) after, or None on a backend without a file or a file that cannot."""
-        while True:
+        steps: int | None = None  # what was free at first, at most: writes that free more
+        while True:  # meanwhile wait for the next pass
             pages = self.db.read_sync(lambda b: b.free_pages())
             if pages is None:
                 return None
             free, count, incremental = pages
             if report is not None:
                 report.pages_after, report.free_pages = count, free
-            if not incremental or free == 0 or self.stopping():
+            if steps is None:
+                steps = -(-free // VACUUM_PAGES)
+            if not incremental or free == 0 or steps <= 0 or self.stopping():
                 return count, free
             self.db.write_sync(lambda b: b.give_back_pages(VACUUM_PAGES))
+            steps -= 1
 
 
 class RetentionJob:
