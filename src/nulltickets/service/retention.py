@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -50,6 +51,7 @@ VACUUM_PAGES = 256  # pages given back per transaction (1 MiB of 4 KiB pages)
 _MIN_TIME = -(2**63)
 
 Row = tuple[str, dict[str, Any]]
+T = TypeVar("T")
 
 
 def _bytes(value: object) -> object:
@@ -112,6 +114,9 @@ class Pruner:
     export: Export | None = None
     batch: int = BATCH_TASKS
     stopping: Callable[[], bool] = lambda: False
+    # After each batch, wait as long as it took (times this): the writer's other work (claims)
+    # gets at least as much time as the pruning, however large the backlog.
+    pause_ratio: float = 1.0
     # Rows deleted by table since the process started (/metrics), across passes.
     totals: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -130,6 +135,13 @@ class Pruner:
             if vacuum:
                 self.give_back(report)
         return report
+
+    def _batch(self, job: Callable[[Backend], T]) -> T:
+        started = time.monotonic()
+        result = self.db.write_sync(job)
+        if self.pause_ratio > 0:
+            time.sleep(min(1.0, (time.monotonic() - started) * self.pause_ratio))
+        return result
 
     def _count(self, report: PruneReport, deleted: dict[str, int]) -> None:
         report.batches += 1
@@ -159,7 +171,7 @@ class Pruner:
                     report.exported += len(rows)
                 return found, b.prune_tasks(ids)
 
-            done = self.db.write_sync(job)
+            done = self._batch(job)
             if done is None:
                 report.skipped = True
                 return False
@@ -191,7 +203,7 @@ class Pruner:
                     report.exported += len(rows)
                 return found, deleted
 
-            done = self.db.write_sync(job)
+            done = self._batch(job)
             if done is None:
                 report.skipped = True
                 return False
@@ -207,7 +219,7 @@ class Pruner:
         """Recorded answers are a cache of replies (some hold lease tokens), not history: they
         are deleted, never exported."""
         while not self.stopping():
-            n = self.db.write_sync(
+            n = self._batch(
                 lambda b: (
                     b.prune_idempotency(report.before_ms, BATCH_ROWS) if b.try_prune_lock() else 0
                 )
@@ -232,7 +244,7 @@ class Pruner:
                 steps = -(-free // VACUUM_PAGES)
             if not incremental or free == 0 or steps <= 0 or self.stopping():
                 return count, free
-            self.db.write_sync(lambda b: b.give_back_pages(VACUUM_PAGES))
+            self._batch(lambda b: b.give_back_pages(VACUUM_PAGES))
             steps -= 1
 
 
