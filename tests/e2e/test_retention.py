@@ -221,6 +221,9 @@ def test_prune_refuses_a_bad_duration_in_one_line(tmp_path: Path) -> None:
     assert "--older-than" in one_line(result)
     result = run_cli("prune", "--db", str(tmp_path / "x.db"), home=tmp_path)
     assert result.returncode == 2 and "--older-than" in result.stderr
+    result = run_cli("prune", "--older-than", "1d", "--db", str(tmp_path / "x.db"), home=tmp_path)
+    assert result.returncode == 1 and "does not exist" in one_line(result)
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_the_export_encodes_bytes_as_base64() -> None:

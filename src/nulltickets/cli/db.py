@@ -13,6 +13,7 @@ shows a database URL's password.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from nulltickets.client.remote import CommandFailed
@@ -199,6 +200,8 @@ def prune_command(args: argparse.Namespace) -> int:
 
     older_than = parse_age(args.older_than, "--older-than")
     target = _database(args)
+    if not is_postgres(target) and not Path(target).is_file():
+        raise CommandFailed(f"database {target} does not exist")  # never make an empty one
     switched = None
     if args.vacuum and not is_postgres(target):
         # Before the server-side pruning's own steps can give pages back, the file must keep
