@@ -39,12 +39,19 @@ ENV_ALLOWED_ORIGINS = "NULLTICKETS_ALLOWED_ORIGINS"
 ENV_ALLOWED_HOSTS = "NULLTICKETS_ALLOWED_HOSTS"
 ENV_MAX_WAITERS = "NULLTICKETS_MAX_WAITERS"
 ENV_MAX_STREAMS = "NULLTICKETS_MAX_STREAMS"
+ENV_RETENTION = "NULLTICKETS_RETENTION"
+ENV_PRUNE_INTERVAL = "NULLTICKETS_PRUNE_INTERVAL"
+ENV_RETENTION_EXPORT = "NULLTICKETS_RETENTION_EXPORT"
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 1024 * 1024
 DEFAULT_PORT = 7700
 DEFAULT_DB = "nulltickets.db"
 DEFAULT_MAX_BODY = 64 * 1024
 DEFAULT_READ_TIMEOUT = 30.0
+# Retention (service/retention.py): finished tasks and their history older than this are
+# pruned; None keeps everything (`--retention off`).
+DEFAULT_RETENTION_S = 30 * 86_400.0
+DEFAULT_PRUNE_INTERVAL_S = 60.0
 DURABILITIES = ("full", "normal")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -66,6 +73,9 @@ SETTINGS = (
     ("allowed_hosts", "--allowed-hosts", "allowed_hosts", ENV_ALLOWED_HOSTS),
     ("max_waiters", "--max-waiters", "max_waiters", ENV_MAX_WAITERS),
     ("max_streams", "--max-streams", "max_streams", ENV_MAX_STREAMS),
+    ("retention_s", "--retention", "retention", ENV_RETENTION),
+    ("prune_interval_s", "--prune-interval", "prune_interval", ENV_PRUNE_INTERVAL),
+    ("retention_export", "--retention-export", "retention_export", ENV_RETENTION_EXPORT),
 )
 
 
@@ -95,6 +105,12 @@ class Settings(msgspec.Struct, frozen=True):
     # started that way.
     max_waiters: int | None = None
     max_streams: int | None = None
+    # Finished tasks and their history older than this many seconds are pruned by a
+    # background job every prune_interval_s; None: never.
+    retention_s: float | None = DEFAULT_RETENTION_S
+    prune_interval_s: float = DEFAULT_PRUNE_INTERVAL_S
+    # A JSON-lines file every pruned row is appended to before it is deleted; None: none.
+    retention_export: str | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -123,6 +139,9 @@ class Flags(msgspec.Struct, frozen=True):
     allowed_hosts: tuple[str, ...] | None = None
     max_waiters: int | None = None
     max_streams: int | None = None
+    retention_s: float | None = None  # 0: off (None stays "not given")
+    prune_interval_s: float | None = None
+    retention_export: str | None = None
 
 
 class FileConfig(msgspec.Struct, frozen=True):
@@ -147,6 +166,9 @@ class FileConfig(msgspec.Struct, frozen=True):
     allowed_hosts: tuple[str, ...] | None = None
     max_waiters: int | None = None
     max_streams: int | None = None
+    retention_s: float | None = None  # 0: off
+    prune_interval_s: float | None = None
+    retention_export: str | None = None  # resolved against the file's directory
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -233,6 +255,7 @@ def parse_seconds(value: str, source: str) -> float:
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+", re.ASCII)
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DAYS = re.compile(r"([0-9]+(?:\.[0-9]+)?)d(.*)", re.ASCII)
 
 
 def parse_duration(value: str, source: str) -> float:
@@ -244,6 +267,37 @@ def parse_duration(value: str, source: str) -> float:
     if not _DURATION.fullmatch(text):
         raise ConfigError(f"{source} must be a duration like 30s, 5m or 1h, got {value!r}")
     return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+def parse_age(value: str, source: str) -> float:
+    """Seconds from an age: a duration, which may start with days (`30d`, `1d12h`)."""
+    days = _DAYS.fullmatch(value.strip().lower())
+    try:
+        if days is None:
+            return parse_duration(value, source)
+        rest = parse_duration(days.group(2), source) if days.group(2) else 0.0
+    except ConfigError:
+        raise ConfigError(
+            f"{source} must be a duration like 30d, 12h or 90m, got {value!r}"
+        ) from None
+    return float(days.group(1)) * 86_400.0 + rest
+
+
+def parse_retention(value: str, source: str) -> float:
+    """An age (`30d`, `12h`, `90m`), or `off` (also `none`, `0`) for no retention: 0.0."""
+    if value.strip().lower() in ("off", "none", "never", "0"):
+        return 0.0
+    seconds = parse_age(value, source)
+    if seconds <= 0:
+        raise ConfigError(f"{source} must be a positive duration or off, got {value!r}")
+    return seconds
+
+
+def parse_interval(value: str, source: str) -> float:
+    seconds = parse_duration(value, source)
+    if seconds <= 0:
+        raise ConfigError(f"{source} must be a positive duration, got {value!r}")
+    return seconds
 
 
 def parse_choice(value: str, choices: tuple[str, ...], source: str) -> str:
@@ -398,6 +452,14 @@ def read_config(path: Path) -> FileConfig | None:
             counts[key] = _config_int(doc, key, where)
             if counts[key] < 0:
                 raise ConfigError(f"{where}: {key!r} must be 0 or more, got {counts[key]}")
+    durations: dict[str, float] = {}
+    for key, parse in (("retention", parse_retention), ("prune_interval", parse_interval)):
+        value = doc.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f'{where}: {key!r} must be a duration like "30d", got {value!r}')
+        durations[key] = parse(str(value), f"{where}: {key!r}")
     return FileConfig(
         path=where,
         db=None if db is None else resolve_db(db, path.parent),
@@ -415,7 +477,20 @@ def read_config(path: Path) -> FileConfig | None:
         allowed_hosts=_config_list(doc, "allowed_hosts", where, parse_hosts),
         max_waiters=counts.get("max_waiters"),
         max_streams=counts.get("max_streams"),
+        retention_s=durations.get("retention"),
+        prune_interval_s=durations.get("prune_interval"),
+        retention_export=_export_path(_string(doc, "retention_export", where), path.parent, where),
     )
+
+
+def _export_path(value: str | None, config_dir: Path, where: str) -> str | None:
+    """A relative export file in a config file lives next to that file, as `db` does."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{where}: 'retention_export' must not be empty")
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else config_dir.absolute() / path)
 
 
 def _config_int(doc: Mapping[str, Any], key: str, where: str) -> int:
@@ -575,6 +650,25 @@ def build_settings(flags: Flags, env: Mapping[str, str] | None = None) -> Settin
             file.max_streams,
             var(ENV_MAX_STREAMS, parse_count),
             base.max_streams,
+        ),
+        retention_s=_decide(
+            flags.retention_s,
+            file.retention_s,
+            var(ENV_RETENTION, parse_retention),
+            DEFAULT_RETENTION_S,
+        )
+        or None,
+        prune_interval_s=_decide(
+            flags.prune_interval_s,
+            file.prune_interval_s,
+            var(ENV_PRUNE_INTERVAL, parse_interval),
+            base.prune_interval_s,
+        ),
+        retention_export=_decide(
+            flags.retention_export,
+            file.retention_export,
+            var(ENV_RETENTION_EXPORT, parse_db),
+            base.retention_export,
         ),
     )
 

@@ -33,6 +33,7 @@ POSTGRES_ONLY = {
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",
+    "prune_lock": "retention: one server prunes at a time",
 }
 
 # Queries only SQLite has, and why.

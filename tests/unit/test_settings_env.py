@@ -49,10 +49,17 @@ CASES: dict[str, tuple[Any, Any, str, Any]] = {
     ),
     "max_waiters": (100, 200, "300", 300),
     "max_streams": (10, 0, "30", 30),
+    "retention_s": (3600.0, "2d", "12h", 43200.0),
+    "prune_interval_s": (5.0, 10, "1m30s", 90.0),
+    "retention_export": ("flag.jsonl", "file.jsonl", "env.jsonl", "env.jsonl"),
 }
 FLAG_FIELD = {"body_timeout_s": "read_timeout_s"}
 # What a file value (a JSON list) becomes.
-FROM_FILE = {"allowed_origins": ("http://file.example",), "allowed_hosts": ("file.example",)}
+FROM_FILE = {
+    "allowed_origins": ("http://file.example",),
+    "allowed_hosts": ("file.example",),
+    "retention_s": 2 * 86400.0,
+}
 
 
 def write(path: Path, doc: Any) -> Path:
@@ -80,7 +87,9 @@ def test_flag_beats_file_beats_environment_beats_default(
     write(home / "config.json", {key: file_value})
     from_file = getattr(build_settings(Flags(), env), setting)
     assert from_file == (
-        str(home / file_value) if setting == "db" else FROM_FILE.get(setting, file_value)
+        str(home / file_value)
+        if setting in ("db", "retention_export")
+        else FROM_FILE.get(setting, file_value)
     )
     flags = Flags(**{FLAG_FIELD.get(setting, setting): flag_value})
     assert getattr(build_settings(flags, env), setting) == flag_value
@@ -108,11 +117,34 @@ def test_flag_beats_file_beats_environment_beats_default(
         ("NULLTICKETS_ALLOWED_HOSTS", "*"),
         ("NULLTICKETS_MAX_WAITERS", "many"),
         ("NULLTICKETS_MAX_STREAMS", "-1"),
+        ("NULLTICKETS_RETENTION", "forever"),
+        ("NULLTICKETS_RETENTION", "0.0s"),
+        ("NULLTICKETS_PRUNE_INTERVAL", "0s"),
+        ("NULLTICKETS_PRUNE_INTERVAL", "off"),
     ],
 )
 def test_a_bad_variable_is_an_error_naming_it(var: str, value: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=var):
         build_settings(Flags(), {"NULLTICKETS_HOME": str(tmp_path), var: value})
+
+
+def test_retention_is_a_month_by_default_and_off_from_any_source(tmp_path: Path) -> None:
+    env = {"NULLTICKETS_HOME": str(tmp_path / "home")}
+    assert build_settings(Flags(), env).retention_s == 30 * 86400.0
+    assert build_settings(Flags(), {**env, "NULLTICKETS_RETENTION": "off"}).retention_s is None
+    write(tmp_path / "home" / "config.json", {"retention": "off"})
+    assert build_settings(Flags(), env).retention_s is None
+    # A flag beats the file's "off", and "off" on the command line beats the file's duration.
+    assert build_settings(Flags(retention_s=60.0), env).retention_s == 60.0
+    write(tmp_path / "home" / "config.json", {"retention": "7d"})
+    assert build_settings(Flags(retention_s=0.0), env).retention_s is None
+    assert build_settings(Flags(), env).retention_s == 7 * 86400.0
+
+
+def test_a_bad_retention_in_the_config_file_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "home" / "config.json", {"retention": [1]})
+    with pytest.raises(ConfigError, match="'retention'"):
+        build_settings(Flags(config=str(path)), {})
 
 
 def test_an_empty_variable_counts_as_unset(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
     nulltickets [serve|gateway|nulltickets] [flags]     run the server (cli/serve.py, §16.1)
     nulltickets worker | checkpoint | event | pause     the agent side (cli/agent.py)
     nulltickets tasks ... | runs tail                   against a running server (cli/admin.py)
-    nulltickets backup | doctor                         on the database file (cli/db.py)
+    nulltickets backup | doctor | prune                 on the database (cli/db.py)
     nulltickets --export-manifest                       print nullhub's manifest (§16.4)
     nulltickets --from-json '<json>'                    write config.json from wizard answers
 

@@ -2,6 +2,7 @@
 
     nulltickets backup DEST [--db PATH] [--config PATH] [--force]
     nulltickets doctor [--db PATH|URL] [--config PATH] [--json]
+    nulltickets prune --older-than DURATION [--export FILE] [--vacuum] [--db PATH|URL] [--json]
 
 The database is found as `serve` finds it (--db, the config file, NULLTICKETS_DB). The SQLite
 work lives in storage/sqlite/maintenance.py, doctor's on PostgreSQL in
@@ -12,6 +13,7 @@ shows a database URL's password.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from nulltickets.client.remote import CommandFailed
@@ -42,6 +44,39 @@ def register(commands: Any) -> None:
     _database_options(p)
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.set_defaults(func=doctor_command)
+
+    p = commands.add_parser(
+        "prune",
+        help="delete finished tasks and their history older than a duration",
+        description="Delete the finished tasks (in a terminal stage, or dead-lettered or "
+        "cancelled with nothing depending on them) that last changed more than DURATION ago, "
+        "with their runs, usage, events, artifacts and spans, plus older loose spans and "
+        "recorded answers of idempotent requests, in small transactions, beside a running "
+        "server or without one. Tasks that are not finished keep all their history. The "
+        "servers do the same in the background with --retention.",
+    )
+    p.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="what to prune: finished longer ago than this (30d, 12h, 90m, 0s for all)",
+    )
+    p.add_argument(
+        "--export",
+        metavar="FILE",
+        help="append every deleted row to FILE first (JSON lines, fsynced before the delete "
+        "commits; the file is made readable by its owner only)",
+    )
+    p.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="SQLite: then give the free pages back to the file system; a file made before "
+        "retention existed is switched to incremental vacuum once, by a full VACUUM that "
+        "holds the server's writes up while it runs",
+    )
+    _database_options(p)
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.set_defaults(func=prune_command)
 
 
 def _database_options(p: argparse.ArgumentParser) -> None:
@@ -151,3 +186,55 @@ def postgres_doctor_text(r: Any) -> str:
     lines.extend(f"note         {n}" for n in r.notes)
     lines.append("status       " + ("ok" if r.ok else "needs attention"))
     return "\n".join(lines)
+
+
+def prune_command(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from nulltickets import logs
+    from nulltickets.config import parse_age
+    from nulltickets.domain.clock import wall_ms
+    from nulltickets.service.retention import Export, Pruner
+    from nulltickets.storage.factory import display_name, is_postgres, open_database
+    from nulltickets.storage.sqlite import maintenance
+
+    older_than = parse_age(args.older_than, "--older-than")
+    target = _database(args)
+    if not is_postgres(target) and not Path(target).is_file():
+        raise CommandFailed(f"database {target} does not exist")  # never make an empty one
+    switched = None
+    if args.vacuum and not is_postgres(target):
+        # Before the server-side pruning's own steps can give pages back, the file must keep
+        # the list they need: one VACUUM, once (nothing to do for a file made since).
+        switched = maintenance.enable_incremental_vacuum(target)
+    export = None if args.export is None else Export(args.export)
+    database = open_database(target, readers=1)
+    try:
+        pruner = Pruner(database, export)
+        report = pruner.prune(wall_ms() - int(older_than * 1000), vacuum=args.vacuum)
+    finally:
+        database.close()
+        if export is not None:
+            export.close()
+    if args.json:
+        doc = msgspec.to_builtins(report) | {"vacuum_switched": switched}
+        print(msgspec.json.encode(doc).decode())
+        return 0
+    deleted = ", ".join(f"{n} {table}" for table, n in sorted(report.deleted.items()) if n)
+    lines = [f"pruned {display_name(target)}: {deleted or 'nothing older'}"]
+    if export is not None:
+        lines.append(f"exported {report.exported} rows to {args.export}")
+    if switched:
+        lines.append("switched the file to incremental vacuum (one full VACUUM)")
+    if report.pages_before is not None and report.pages_after is not None:
+        lines.append(
+            f"file {report.pages_before} pages before, {report.pages_after} after, "
+            f"{report.free_pages} free"
+        )
+    if args.vacuum and is_postgres(target):
+        lines.append(
+            "PostgreSQL: autovacuum makes the space reusable; VACUUM FULL gives it back but "
+            "locks each table while it runs"
+        )
+    print(logs.scrub("\n".join(lines)))
+    return 0

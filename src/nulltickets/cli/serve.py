@@ -20,7 +20,10 @@ from nulltickets.config import (
     ENV_MAX_STREAMS,
     ENV_MAX_WAITERS,
     ENV_PORT,
+    ENV_PRUNE_INTERVAL,
     ENV_READ_TIMEOUT,
+    ENV_RETENTION,
+    ENV_RETENTION_EXPORT,
     ENV_TOKEN,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -30,9 +33,12 @@ from nulltickets.config import (
     build_settings,
     parse_choice,
     parse_count,
+    parse_db,
     parse_hosts,
+    parse_interval,
     parse_origins,
     parse_port,
+    parse_retention,
     parse_seconds,
     parse_size,
     source_of,
@@ -131,6 +137,26 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "open event streams at most; beyond, 503 overloaded (default: what the process can hold)",
         metavar="N",
     )
+    opt(
+        "--retention",
+        ENV_RETENTION,
+        "prune finished tasks and their runs, events, spans and recorded answers older than "
+        "this, in the background: a duration like 30d, 12h, 90m, or off (default 30d)",
+        metavar="DURATION",
+    )
+    opt(
+        "--prune-interval",
+        ENV_PRUNE_INTERVAL,
+        "how often the background pruning looks for work (default 60s)",
+        metavar="DURATION",
+    )
+    opt(
+        "--retention-export",
+        ENV_RETENTION_EXPORT,
+        "append every row the background pruning deletes to this JSON-lines file first "
+        "(default: none)",
+        metavar="FILE",
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
 
 
@@ -171,6 +197,15 @@ def flags_from_args(args: argparse.Namespace) -> Flags:
         max_streams=None
         if args.max_streams is None
         else parse_count(args.max_streams, "--max-streams"),
+        retention_s=None
+        if args.retention is None
+        else parse_retention(args.retention, "--retention"),
+        prune_interval_s=None
+        if args.prune_interval is None
+        else parse_interval(args.prune_interval, "--prune-interval"),
+        retention_export=None
+        if args.retention_export is None
+        else parse_db(args.retention_export, "--retention-export"),
     )
 
 

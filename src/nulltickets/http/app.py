@@ -35,6 +35,7 @@ from nulltickets.lifetime import STOP_SIGNALS, exit_after
 from nulltickets.mcp.http import MCP_ROUTES
 from nulltickets.server import heap
 from nulltickets.service import Service
+from nulltickets.service.retention import RetentionJob
 from nulltickets.service.verbs import Guard
 from nulltickets.storage.factory import open_database, secrets_of
 
@@ -88,6 +89,17 @@ class App:
         db.notifier.on_commit(ctx.hub.wake, loop, wanted=ctx.hub.listening)
         loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
+        if self.settings.retention_s is not None:
+            # A thread of its own: each batch is a short transaction of its own, and an export
+            # file's fsync never runs on the loop's thread.
+            ctx.retention = RetentionJob(
+                db,
+                self.settings.retention_s,
+                self.settings.prune_interval_s,
+                service.clock,
+                export=self.settings.retention_export,
+            )
+            ctx.retention.start()
         if not self.owns_process:
             return
         self._take_shutdown_signals(loop)
@@ -102,6 +114,8 @@ class App:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 loop.run_until_complete(self._upkeep)
         if self.ctx is not None:
+            if self.ctx.retention is not None:
+                self.ctx.retention.stop()  # after the batch in hand, before the database closes
             if self.ctx.collector is not None:
                 self.ctx.collector.close()
             self.ctx.service.wakeups.close()

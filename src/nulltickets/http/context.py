@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from nulltickets.http.sse import StreamHub
     from nulltickets.mcp.http import Bridge
     from nulltickets.server.heap import Collector
+    from nulltickets.service.retention import RetentionJob
 
 
 @dataclass
@@ -24,3 +25,4 @@ class Context:
     collector: Collector | None = None  # the garbage collector's settings and timings
     slowdown: Slowdown = field(default_factory=Slowdown)  # wrong tokens and keys wait
     mcp: Bridge | None = None  # POST /mcp, started by its first request
+    retention: RetentionJob | None = None  # the background pruning (--retention)

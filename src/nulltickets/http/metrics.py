@@ -330,6 +330,25 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
         wakeups.woken,
     )
 
+    retention = ctx.retention
+    if retention is not None:
+        name = "nulltickets_pruned_rows_total"
+        out.family(
+            name,
+            "counter",
+            "Rows the background pruning deleted in this process, by table (--retention; a "
+            "task's events, dependencies and assignments go with it uncounted).",
+        )
+        for table, count in sorted(retention.totals.items()):
+            out.sample(name, count, _labels(table=table))
+        out.one(
+            "nulltickets_prune_passes_total",
+            "counter",
+            "Passes of the background pruning that ran to the end (or found another server "
+            "pruning).",
+            retention.passes,
+        )
+
     collector = ctx.collector
     if collector is not None:
         name = "nulltickets_gc_pause_seconds"

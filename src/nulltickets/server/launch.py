@@ -109,6 +109,16 @@ def preflight(settings: Settings) -> None:
     from nulltickets.storage.factory import check_database
 
     check_database(settings.db, durability=settings.durability)
+    if settings.retention_export is not None and settings.retention_s is not None:
+        from nulltickets.service.retention import Export
+
+        try:  # created (owner-only) now: a file that cannot be written is a start-up error
+            Export(settings.retention_export).close()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write --retention-export {settings.retention_export}: "
+                f"{exc.strerror or exc}"
+            ) from None
 
 
 def worker_settings(settings: Settings) -> tuple[Settings, capacity.Capacity]:

@@ -1135,6 +1135,84 @@ class Backend:
     def purge_idempotency(self, before: int) -> int:
         return self._exec("purge_idempotency", {"before": before})
 
+    # --- retention (service/retention.py) -----------------------------------------------------
+
+    def try_prune_lock(self) -> bool:
+        """Whether this unit of work may prune: a backend shared by servers lets one at a time
+        (PostgreSQL: an advisory lock held until the unit ends). One writer needs none."""
+        return True
+
+    def prune_candidates(
+        self, before: int, after: tuple[int, str], limit: int
+    ) -> list[tuple[str, int]]:
+        """(id, created_at_ms) of up to `limit` finished tasks last changed before `before`,
+        in (created_at_ms, id) order after `after`; on a backend shared by servers, locked."""
+        params = {"before": before, "after_created": after[0], "after_id": after[1], "limit": limit}
+        return [(str(r[0]), int(r[1])) for r in self._all("prune_candidates", params)]
+
+    def prune_export(self, ids: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """Every row `prune_tasks(ids)` deletes (and those that go with them), as (table, row
+        by column name), parents before children."""
+        params = {"ids": _encode(list(ids)).decode()}
+        found: list[tuple[str, dict[str, Any]]] = []
+        for table, name in _TASK_EXPORTS:
+            found.extend((table, row) for row in self._rows(name, params))
+        return found
+
+    def prune_tasks(self, ids: Sequence[str]) -> dict[str, int]:
+        """Delete the tasks `ids` and their history: leases, runs (with their usage), run
+        events, artifacts, spans; task events, dependencies and assignments go by cascade.
+        Rows deleted, by table."""
+        params = {"ids": _encode(list(ids)).decode()}
+        deleted = {table: self._exec(name, params) for table, name in _TASK_DELETES}
+        deleted.pop("leases")  # a finished run's lease is gone already; a leftover is no history
+        return deleted
+
+    def prune_span_batches(
+        self, before: int, after: tuple[int, int], limit: int
+    ) -> list[tuple[int, int]]:
+        """(id, received_at_ms) of up to `limit` OTLP batches received before `before`, in
+        that order after `after`."""
+        params = {"before": before, "after_at": after[0], "after_id": after[1], "limit": limit}
+        return [(int(r[0]), int(r[1])) for r in self._all("prune_span_batches", params)]
+
+    def prune_spans(
+        self, batch_ids: Sequence[int], *, export: bool = False
+    ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, int]]:
+        """Delete the spans of those batches that belong to no task or run still kept (spans
+        of unknown or pruned tasks), then the batches left without a span. Returns the rows
+        deleted as prune_export gives them (when `export`; else []) and the count by table."""
+        params = {"ids": _encode(list(batch_ids)).decode()}
+        spans: list[tuple[str, dict[str, Any]]] = []
+        batches: list[tuple[str, dict[str, Any]]] = []
+        if export:
+            spans = [("otlp_spans", r) for r in self._rows("prune_export_loose_spans", params)]
+        span_count = self._exec("prune_delete_loose_spans", params)
+        if export:
+            batches = [
+                ("otlp_batches", r) for r in self._rows("prune_export_empty_batches", params)
+            ]
+        batch_count = self._exec("prune_delete_empty_batches", params)
+        # A batch before its spans, in the order a restore writes them.
+        return batches + spans, {"otlp_spans": span_count, "otlp_batches": batch_count}
+
+    def prune_idempotency(self, before: int, limit: int) -> int:
+        """Delete up to `limit` recorded answers older than `before`; how many."""
+        return self._exec("prune_idempotency", {"before": before, "limit": limit})
+
+    def free_pages(self) -> tuple[int, int, bool] | None:
+        """(pages on the free list, pages in the file, whether the file gives free pages back
+        to the file system) where the backend's database is one file; None otherwise."""
+        return None
+
+    def give_back_pages(self, pages: int) -> None:
+        """Give up to `pages` free pages back to the file system (SQLite's incremental vacuum);
+        nothing on a backend that manages its own space."""
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The query's rows as dicts by column name (for exports of whole rows)."""
+        raise NotImplementedError
+
     # --- keys ----------------------------------------------------------------------------------
 
     def insert_api_key(
@@ -1176,6 +1254,27 @@ class Backend:
 
 
 _roles = msgspec.json.Decoder(list[str])
+
+# What prune_export reads, in the order a restore writes it: (table, query).
+_TASK_EXPORTS = (
+    ("tasks", "prune_export_tasks"),
+    ("task_dependencies", "prune_export_dependencies"),
+    ("task_assignments", "prune_export_assignments"),
+    ("task_events", "prune_export_task_events"),
+    ("runs", "prune_export_runs"),
+    ("events", "prune_export_events"),
+    ("artifacts", "prune_export_artifacts"),
+    ("otlp_spans", "prune_export_spans"),
+)
+# What prune_tasks deletes, children before parents: (table, query).
+_TASK_DELETES = (
+    ("events", "prune_delete_events"),
+    ("leases", "prune_delete_leases"),
+    ("artifacts", "prune_delete_artifacts"),
+    ("otlp_spans", "prune_delete_spans"),
+    ("runs", "prune_delete_runs"),
+    ("tasks", "prune_delete_tasks"),
+)
 
 
 def _key(row: Sequence[Any]) -> KeyInfo:

@@ -63,6 +63,9 @@ ALONE = frozenset(
     }
 )
 
+# The advisory lock key of retention: "NTKR" (the migrators' is "NTKT").
+PRUNE_LOCK = 0x4E544B52
+
 
 def compact(text: str | None) -> str | None:
     """JSONB's text (`{"a": 1, "b": [1, 2]}`) without the spaces, as SQLite's JSON functions
@@ -155,6 +158,15 @@ class PostgresBackend(Backend):
 
     def _search_text(self, terms: Sequence[str]) -> str:
         return fts_text(terms)
+
+    def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        cursor = self._cur(name, params)
+        columns = [c.name for c in cursor.description or ()]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+    def try_prune_lock(self) -> bool:
+        # One server prunes at a time (the lock ends with the unit of work).
+        return bool(self._value("prune_lock", {"lock_key": PRUNE_LOCK}))
 
     def _query_error(self, exc: Exception) -> str:
         return str(exc).splitlines()[0]  # the rest is PostgreSQL's context lines

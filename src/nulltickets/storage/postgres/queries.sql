@@ -1078,3 +1078,150 @@ JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE NOT i.indisvalid
     AND n.nspname = current_schema()
 ORDER BY c.relname;
+
+-- prune_candidates --
+-- On PostgreSQL the chosen rows are locked and rows another server holds are passed over:
+-- two servers pruning at once take different tasks, and a requeue waits for the batch.
+-- Retention (service/retention.py): finished tasks that last changed before :before, oldest
+-- first, after the cursor (:after_created, :after_id) of the pass (idx_tasks_page). Finished:
+-- in a terminal stage, or parked (dead-lettered or cancelled) with no task depending on it,
+-- since pruning it would drop the dependency that holds its dependents back. A task with a
+-- running run is never finished.
+SELECT t.id, t.created_at_ms
+FROM tasks AS t
+WHERE t.created_at_ms < :before
+    AND (t.created_at_ms, t.id) > (:after_created, :after_id)
+    AND t.updated_at_ms < :before
+    AND (
+        EXISTS (
+            SELECT 1 FROM pipeline_stages AS s
+            WHERE s.pipeline_id = t.pipeline_id AND s.stage = t.stage AND s.terminal
+        )
+        OR (
+            t.dead_letter_reason IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM task_dependencies AS d WHERE d.depends_on_task_id = t.id)
+        )
+    )
+    AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running')
+ORDER BY t.created_at_ms, t.id
+LIMIT :limit
+FOR UPDATE OF t SKIP LOCKED;
+
+-- prune_export_tasks --
+-- Whole rows, whatever columns the schema has: the export keeps everything a row held.
+SELECT * FROM tasks WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY created_at_ms, id;
+
+-- prune_export_dependencies --
+SELECT * FROM task_dependencies WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+
+-- prune_export_assignments --
+SELECT * FROM task_assignments WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+
+-- prune_export_task_events --
+SELECT * FROM task_events WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY id;
+
+-- prune_export_runs --
+SELECT * FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY task_id, attempt;
+
+-- prune_export_events --
+SELECT e.*
+FROM events AS e
+JOIN runs AS r ON r.id = e.run_id
+WHERE r.task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
+ORDER BY e.id;
+
+-- prune_export_artifacts --
+SELECT *
+FROM artifacts
+WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
+    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)))
+ORDER BY created_at_ms, id;
+
+-- prune_export_spans --
+SELECT *
+FROM otlp_spans
+WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
+    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)))
+ORDER BY id;
+
+-- prune_delete_events --
+DELETE FROM events
+WHERE run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+
+-- prune_delete_leases --
+DELETE FROM leases
+WHERE run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+
+-- prune_delete_artifacts --
+DELETE FROM artifacts
+WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
+    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+
+-- prune_delete_spans --
+DELETE FROM otlp_spans
+WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
+    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+
+-- prune_delete_runs --
+DELETE FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+
+-- prune_delete_tasks --
+-- Their task_events, dependencies and assignments go with them (ON DELETE CASCADE).
+DELETE FROM tasks WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+
+-- prune_span_batches --
+-- OTLP batches received before :before, oldest first after the pass's cursor.
+SELECT id, received_at_ms
+FROM otlp_batches
+WHERE received_at_ms < :before
+    AND (received_at_ms, id) > (:after_at, :after_id)
+ORDER BY received_at_ms, id
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- prune_export_loose_spans --
+-- Spans of those batches that belong to no task or run still here (the tasks' own spans go
+-- with their tasks): the spans of unknown or already pruned tasks.
+SELECT *
+FROM otlp_spans AS s
+WHERE s.batch_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+    AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = s.task_id)
+    AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = s.run_id)
+ORDER BY s.id;
+
+-- prune_delete_loose_spans --
+DELETE FROM otlp_spans
+WHERE batch_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+    AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = otlp_spans.task_id)
+    AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = otlp_spans.run_id);
+
+-- prune_export_empty_batches --
+-- Those batches with no span left.
+SELECT *
+FROM otlp_batches AS b
+WHERE b.id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+    AND NOT EXISTS (SELECT 1 FROM otlp_spans AS s WHERE s.batch_id = b.id)
+ORDER BY b.id;
+
+-- prune_delete_empty_batches --
+DELETE FROM otlp_batches
+WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+    AND NOT EXISTS (SELECT 1 FROM otlp_spans AS s WHERE s.batch_id = otlp_batches.id);
+
+-- prune_idempotency --
+-- Retention of recorded answers, :limit at a time (the hourly purge_idempotency drops the
+-- ones older than a day in one statement).
+DELETE FROM idempotency_keys
+WHERE ctid IN (
+    SELECT ctid FROM idempotency_keys
+    WHERE created_at_ms < :before
+    ORDER BY created_at_ms
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+);
+
+-- prune_lock --
+-- PostgreSQL's own: one server prunes at a time. Held until the batch's transaction ends; a
+-- server that does not get it skips its pass (the row locks of prune_candidates would keep two
+-- batches apart anyway). The key is "NTKR".
+SELECT pg_try_advisory_xact_lock(:lock_key);

@@ -67,6 +67,26 @@ class SqliteBackend(Backend):
     def _search_text(self, terms: Sequence[str]) -> str:
         return fts_query(terms)
 
+    def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        cursor = self.conn.execute(Q[name], ARGS[name](params))
+        try:
+            columns = [c[0] for c in cursor.getdescription()]
+        except apsw.ExecutionCompleteError:  # no row: the statement has already finished
+            return []
+        return [dict(zip(columns, row, strict=True)) for row in cursor]
+
+    # The file gives its free pages back (auto_vacuum INCREMENTAL: connection.py sets it on a
+    # new file, `nulltickets prune --vacuum` on an older one), a step at a time, each step a
+    # short write of its own: never one long VACUUM that holds every writer up.
+
+    def free_pages(self) -> tuple[int, int, bool] | None:
+        free = int(self.conn.pragma("freelist_count"))
+        pages = int(self.conn.pragma("page_count"))
+        return free, pages, int(self.conn.pragma("auto_vacuum")) == connection.INCREMENTAL_VACUUM
+
+    def give_back_pages(self, pages: int) -> None:
+        self.conn.pragma("incremental_vacuum", int(pages))
+
     def engine(self) -> tuple[str, str, list[str]]:
         return "sqlite", connection.sqlite_version(), connection.sqlite_options()
 

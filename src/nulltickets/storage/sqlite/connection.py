@@ -16,6 +16,10 @@ MIN_SQLITE = (3, 51, 0)
 APPLICATION_ID = 0x4E544B54  # "NTKT": marks files nulltickets has migrated
 BUSY_TIMEOUT_MS = 5000
 DURABILITY = {"full": "FULL", "normal": "NORMAL"}
+# PRAGMA auto_vacuum's value for INCREMENTAL: the file keeps what it needs to give free pages
+# back (PRAGMA incremental_vacuum). It can only be chosen before the first table exists; a
+# file made before that needs one VACUUM to switch (`nulltickets prune --vacuum`).
+INCREMENTAL_VACUUM = 2
 # apsw puts a statement back into its cache at a rotating slot, evicting whatever sits there.
 # With its default 100 slots the twenty-odd statements of the claim cycle evicted each other
 # about once every three cycles, and each eviction meant parsing and planning the statement
@@ -102,6 +106,10 @@ def connect_writer(path: str, durability: str = "full") -> apsw.Connection:
     conn = _open(path, apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_URI)
     with opening(path):
         _base_pragmas(conn)
+        if int(conn.pragma("page_count")) == 0:
+            # A new file, before WAL mode writes its first page: give pages back to the file
+            # system as retention frees them.
+            conn.pragma("auto_vacuum", INCREMENTAL_VACUUM)
         mode = conn.pragma("journal_mode", "wal")
         if conn.readonly("main"):  # a read-only file system or a `file:...?mode=ro` URI
             raise apsw.ReadOnlyError("read-only")

@@ -1,6 +1,7 @@
 """Operator work on a database file, beside a running server or without one: an online backup
-through SQLite's backup API, and an inspection of what the file holds and what the server
-would do with it on start. Nothing here writes to the database it reads."""
+through SQLite's backup API, an inspection of what the file holds and what the server would
+do with it on start, and the one-time switch of an older file to incremental vacuum. Only
+that switch writes to the database."""
 
 from __future__ import annotations
 
@@ -117,6 +118,36 @@ def _check_copy(path: Path) -> tuple[str, int]:
 
 def _sidecars(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+
+
+# --- incremental vacuum ------------------------------------------------------------------------
+
+
+def enable_incremental_vacuum(path: str) -> bool:
+    """Have the file give free pages back (auto_vacuum INCREMENTAL): a file made before
+    retention needs one VACUUM to keep the pointer map that takes. VACUUM rewrites the whole
+    file in one transaction (a crash leaves the old file as it was) and holds every writer up
+    meanwhile; it needs free disk space of about the file's size. True when it switched,
+    False when the file already gives pages back."""
+    if not Path(path).is_file():
+        raise MaintenanceError(f"database {path} does not exist")
+    with connection.opening(path):
+        conn = connection.connect_writer(path)
+    try:
+        if int(conn.pragma("auto_vacuum")) == connection.INCREMENTAL_VACUUM:
+            return False
+        conn.pragma("auto_vacuum", connection.INCREMENTAL_VACUUM)
+        conn.execute("VACUUM").fetchall()
+        return int(conn.pragma("auto_vacuum")) == connection.INCREMENTAL_VACUUM
+    except apsw.BusyError:
+        raise MaintenanceError(
+            f"{path} is busy: the VACUUM could not take the write lock; try again when the "
+            "server is quieter, or with it stopped"
+        ) from None
+    except apsw.Error as exc:
+        raise MaintenanceError(f"VACUUM of {path} failed: {exc}") from None
+    finally:
+        conn.close()
 
 
 # --- inspection --------------------------------------------------------------------------------

@@ -1,0 +1,302 @@
+"""Retention: finished tasks and the history of their work are deleted once they are older
+than the retention, in small batches, optionally written to a JSON-lines file first.
+
+What goes: a finished task (in a terminal stage, or dead-lettered or cancelled with no task
+depending on it) that last changed before the cutoff, with its runs (and their usage), run
+events, task events, leases, artifacts, dependencies, assignments and spans; the OTLP spans
+of no kept task or run, with their batches, received before the cutoff; the recorded
+answers of idempotent requests made before the cutoff. What stays: every task that is not
+finished (queued, running, waiting on a retry, blocked), and all of its history, whatever
+its age; the store; pipelines; keys.
+
+Each batch is one short transaction of its own (at most `batch` tasks), so a claim waits
+for one batch at most, never for a whole pass. With an export file, a batch's rows are
+appended and fsynced before its transaction commits: a row is deleted only once it is on
+disk in the file. A batch that fails after its rows were written leaves them in the file and
+in the database, so a line may appear twice (the next pass writes it again); each names its
+table and holds the whole row, its primary key included.
+
+On PostgreSQL several servers may prune at once: one batch at a time holds an advisory lock
+(the others skip their pass), and the rows a batch takes are locked with SKIP LOCKED, so two
+batches never take the same task even without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+from nulltickets.storage.backend import Backend
+from nulltickets.storage.ports import Database
+
+log = logging.getLogger("nulltickets.retention")
+
+DAY_S = 86_400.0
+# A month: a team that leaves agents running overnight and over a holiday still finds last
+# week's runs, events and usage, and a month of history stays a few hundred MB at most for
+# thousands of tasks a day. `--retention off` keeps everything.
+DEFAULT_RETENTION_S = 30 * DAY_S
+# How often a server looks for work: one indexed query when there is none.
+DEFAULT_INTERVAL_S = 60.0
+BATCH_TASKS = 100  # tasks per transaction (each with a few runs, events, spans)
+BATCH_ROWS = 500  # idempotency records or OTLP batches per transaction
+VACUUM_PAGES = 256  # pages given back per transaction (1 MiB of 4 KiB pages)
+_MIN_TIME = -(2**63)
+
+Row = tuple[str, dict[str, Any]]
+T = TypeVar("T")
+
+
+def _bytes(value: object) -> object:
+    if isinstance(value, memoryview):
+        return bytes(value)
+    raise NotImplementedError(type(value))
+
+
+_encode = msgspec.json.Encoder(enc_hook=_bytes).encode
+
+
+class Export:
+    """A JSON-lines file, appended to: `{"table": ..., "row": {...}}` a line (bytes as
+    base64). Made readable by its owner only: it holds whatever the tasks held."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._file = os.fdopen(fd, "ab")
+        self.lines = 0
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Append the rows and return once they are on disk."""
+        if not rows:
+            return
+        self._file.write(
+            b"".join(_encode({"table": table, "row": row}) + b"\n" for table, row in rows)
+        )
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.lines += len(rows)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class PruneReport(msgspec.Struct):
+    """What one pass deleted, by table (cascaded task events, dependencies and assignments not
+    counted), and what it did to the file."""
+
+    before_ms: int
+    deleted: dict[str, int]
+    batches: int
+    exported: int  # lines written to the export file
+    skipped: bool  # another server was pruning: this pass did nothing
+    pages_before: int | None  # SQLite: pages in the file before and after the pass
+    pages_after: int | None
+    free_pages: int | None  # SQLite: pages still on the free list after the pass
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+
+@dataclass
+class Pruner:
+    """Prunes `db`; `stopping()` is asked between batches (a server shutting down stops)."""
+
+    db: Database
+    export: Export | None = None
+    batch: int = BATCH_TASKS
+    stopping: Callable[[], bool] = lambda: False
+    # After each batch, wait as long as it took (times this): the writer's other work (claims)
+    # gets at least as much time as the pruning, however large the backlog.
+    pause_ratio: float = 1.0
+    # Rows deleted by table since the process started (/metrics), across passes.
+    totals: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prune(self, before_ms: int, *, vacuum: bool = True) -> PruneReport:
+        """One pass over everything older than `before_ms`, batch by batch; with `vacuum`,
+        then give the freed pages back to the file system (SQLite with auto_vacuum)."""
+        report = PruneReport(before_ms, {}, 0, 0, False, None, None, None)
+        pages = self.db.read_sync(lambda b: b.free_pages())
+        if pages is not None:
+            report.pages_before = pages[1]
+        with self._lock:  # one pass at a time in this process
+            if not self._tasks(report) or not self._spans(report):
+                return report
+            self._idempotency(report)
+            if vacuum:
+                self.give_back(report)
+        return report
+
+    def _batch(self, job: Callable[[Backend], T]) -> T:
+        started = time.monotonic()
+        result = self.db.write_sync(job)
+        if self.pause_ratio > 0:
+            time.sleep(min(1.0, (time.monotonic() - started) * self.pause_ratio))
+        return result
+
+    def _count(self, report: PruneReport, deleted: dict[str, int]) -> None:
+        report.batches += 1
+        for table, n in deleted.items():
+            report.deleted[table] = report.deleted.get(table, 0) + n
+            self.totals[table] = self.totals.get(table, 0) + n
+
+    def _tasks(self, report: PruneReport) -> bool:
+        """Finished tasks and their history; False when the pass was skipped."""
+        after: tuple[int, str] = (_MIN_TIME, "")
+        export = self.export
+        while not self.stopping():
+
+            def job(
+                b: Backend, after: tuple[int, str] = after
+            ) -> tuple[list[tuple[str, int]], dict[str, int]] | None:
+                if not b.try_prune_lock():
+                    return None
+                found = b.prune_candidates(report.before_ms, after, self.batch)
+                if not found:
+                    return found, {}
+                ids = [task_id for task_id, _ in found]
+                if export is not None:
+                    # On disk before the transaction that deletes them commits.
+                    rows = b.prune_export(ids)
+                    export.write(rows)
+                    report.exported += len(rows)
+                return found, b.prune_tasks(ids)
+
+            done = self._batch(job)
+            if done is None:
+                report.skipped = True
+                return False
+            found, deleted = done
+            if found:
+                self._count(report, deleted)
+            if len(found) < self.batch:
+                break
+            created, task_id = found[-1][1], found[-1][0]
+            after = (created, task_id)
+        return True
+
+    def _spans(self, report: PruneReport) -> bool:
+        after: tuple[int, int] = (_MIN_TIME, 0)
+        export = self.export
+        while not self.stopping():
+
+            def job(
+                b: Backend, after: tuple[int, int] = after
+            ) -> tuple[list[tuple[int, int]], dict[str, int]] | None:
+                if not b.try_prune_lock():
+                    return None
+                found = b.prune_span_batches(report.before_ms, after, BATCH_ROWS)
+                if not found:
+                    return found, {}
+                rows, deleted = b.prune_spans([i for i, _ in found], export=export is not None)
+                if export is not None:
+                    export.write(rows)
+                    report.exported += len(rows)
+                return found, deleted
+
+            done = self._batch(job)
+            if done is None:
+                report.skipped = True
+                return False
+            found, deleted = done
+            if found:
+                self._count(report, deleted)
+            if len(found) < BATCH_ROWS:
+                break
+            after = (found[-1][1], found[-1][0])
+        return True
+
+    def _idempotency(self, report: PruneReport) -> None:
+        """Recorded answers are a cache of replies (some hold lease tokens), not history: they
+        are deleted, never exported."""
+        while not self.stopping():
+            n = self._batch(
+                lambda b: (
+                    b.prune_idempotency(report.before_ms, BATCH_ROWS) if b.try_prune_lock() else 0
+                )
+            )
+            if n:
+                self._count(report, {"idempotency_keys": n})
+            if n < BATCH_ROWS:
+                break
+
+    def give_back(self, report: PruneReport | None = None) -> tuple[int, int] | None:
+        """Give the free pages of a SQLite file back, VACUUM_PAGES per transaction; (pages,
+        free pages) after, or None on a backend without a file or a file that cannot."""
+        steps: int | None = None  # what was free at first, at most: writes that free more
+        while True:  # meanwhile wait for the next pass
+            pages = self.db.read_sync(lambda b: b.free_pages())
+            if pages is None:
+                return None
+            free, count, incremental = pages
+            if report is not None:
+                report.pages_after, report.free_pages = count, free
+            if steps is None:
+                steps = -(-free // VACUUM_PAGES)
+            if not incremental or free == 0 or steps <= 0 or self.stopping():
+                return count, free
+            self._batch(lambda b: b.give_back_pages(VACUUM_PAGES))
+            steps -= 1
+
+
+class RetentionJob:
+    """The server's background pruning: a thread that runs a pass every `interval_s`, pruning
+    what is older than `retention_s` (stopped with `stop()`, between two batches)."""
+
+    def __init__(
+        self,
+        db: Database,
+        retention_s: float,
+        interval_s: float,
+        clock: Callable[[], int],
+        *,
+        export: str | None = None,
+    ) -> None:
+        self.retention_ms = int(retention_s * 1000)
+        self.interval_s = interval_s
+        self.clock = clock
+        self._stop = threading.Event()
+        # Opened (and created) now, so that a file that cannot be written fails the start.
+        self.export = None if export is None else Export(export)
+        self.pruner = Pruner(db, self.export, stopping=self._stop.is_set)
+        self.passes = 0
+        self._thread = threading.Thread(target=self._run, name="nulltickets-retention", daemon=True)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return self.pruner.totals
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.export is not None:
+            self.export.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                report = self.pruner.prune(self.clock() - self.retention_ms)
+            except Exception as exc:  # busy, full, unreachable: next time
+                if not self._stop.is_set():
+                    log.warning("pruning failed (retried at the next pass): %s", exc)
+                continue
+            self.passes += 1
+            if report.total:
+                log.info(
+                    "pruned %d rows older than the retention in %d batches",
+                    report.total,
+                    report.batches,
+                )
