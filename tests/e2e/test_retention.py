@@ -339,3 +339,21 @@ def test_prune_with_vacuum_gives_the_file_back(
     assert after < full // 2, (full, after)  # 300 tasks of 4 kB each: most of the file
     # The pages are given back, not only free for reuse: the file itself is smaller.
     assert report["pages_after"] == after and report["free_pages"] == 0
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "retention 30d: finished tasks older than that are deleted with their history"),
+        (["--retention", "12h"], "retention 12h: finished tasks older than that are deleted"),
+        (["--retention", "off"], "retention off: finished tasks and their history are kept"),
+    ],
+)
+def test_the_start_says_what_retention_deletes(tmp_path: Path, args: list[str], said: str) -> None:
+    """A server that deletes history says so when it starts, the default included."""
+    server = Server(tmp_path / "tracker.db", args=args).start()
+    try:
+        assert said in server.output()
+    finally:
+        server.stop()

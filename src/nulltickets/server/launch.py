@@ -136,6 +136,25 @@ def worker_settings(settings: Settings) -> tuple[Settings, capacity.Capacity]:
     return settings, room
 
 
+def age(seconds: float) -> str:
+    """30d, 12h, 90m or 45s: the largest unit that divides the age."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def retention_line(settings: Settings) -> str:
+    """What the start says of retention: deleting history is never a surprise."""
+    if not settings.retention_s:
+        return "retention off: finished tasks and their history are kept"
+    export = f", exported to {settings.retention_export} first" if settings.retention_export else ""
+    return (
+        f"retention {age(settings.retention_s)}: finished tasks older than that are deleted "
+        f"with their history{export} (--retention off keeps them)"
+    )
+
+
 def serve(settings: Settings) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
@@ -161,6 +180,7 @@ def serve(settings: Settings) -> None:
         engine_description(settings.db),
     )
     log.info("%s", room.describe())
+    log.info("%s", retention_line(settings))
     for name in room.capped:
         log.warning(
             "%s is more than this process can hold with %d open files: lowered to %d",
