@@ -202,16 +202,28 @@ class Server:
         self.proc = None
         return code
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group of the server (supervisor and worker)."""
+    def kill(self) -> list[int]:
+        """SIGKILL the server and every process below it (supervisor and worker; under a
+        standalone binary granian's worker is a grandchild). Returns the processes killed.
+
+        The tree is frozen from the top first (SIGSTOP, and each process seen stopped before
+        its children are listed): a supervisor killed while it starts a new worker, after its
+        children were listed, would leave that worker running on, holding the database."""
+        killed: list[int] = []
         if self.proc is not None and self.proc.poll() is None:
-            # Every process below it too: under a standalone binary granian's worker is a
-            # grandchild (below the onefile bootstrap and granian's main process).
-            for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            frozen = [self.proc.pid]
+            for pid in frozen:  # grows while it runs: each stopped process's children
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                _wait_stopped(pid)
+                frozen.extend(c for c in _children(pid) if c not in frozen)
+            for pid in frozen:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait()
+            killed = frozen
         self.proc = None
+        return killed
 
 
 def granian_workers(server: Server) -> list[int]:
@@ -236,6 +248,21 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return not sys.platform.startswith("linux")  # gone meanwhile; elsewhere, kill(0) said so
+
+
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Until `pid` is stopped or gone (Linux; elsewhere a short pause)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            if not sys.platform.startswith("linux"):
+                time.sleep(0.05)
+            return
+        if state in "TtZX":
+            return
+        time.sleep(0.002)
 
 
 def descendants(pid: int) -> list[int]:
