@@ -102,11 +102,18 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         podman("kube", "play", "--network", network, str(manifest))
         stack = Stack(port, secret(text, "token"))
 
+        # HAProxy counts a server up before its first check and then down until two checks a
+        # second apart pass (rise 2, inter 1s): one answer can come before both are up, so the
+        # stack is ready after answers through HAProxy for 3 s on end.
+        streak = [0]
+
         def healthy() -> bool:
             try:
-                return stack.client(timeout=5).get("/health").status == 200
+                ok = stack.client(timeout=5).get("/health").status == 200
             except (OSError, http.client.HTTPException):
-                return False
+                ok = False
+            streak[0] = streak[0] + 1 if ok else 0
+            return streak[0] >= 7
 
         wait_for("the servers answering through HAProxy", healthy, timeout=180, interval=0.5)
         yield stack
