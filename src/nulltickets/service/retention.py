@@ -52,6 +52,7 @@ _MIN_TIME = -(2**63)
 
 Row = tuple[str, dict[str, Any]]
 T = TypeVar("T")
+K = TypeVar("K")  # the key that orders rows of one time: a task id, a batch id
 
 
 def _bytes(value: object) -> object:
@@ -151,57 +152,64 @@ class Pruner:
 
     def _tasks(self, report: PruneReport) -> bool:
         """Finished tasks and their history; False when the pass was skipped."""
-        after: tuple[int, str] = (_MIN_TIME, "")
-        export = self.export
-        while not self.stopping():
 
-            def job(
-                b: Backend, after: tuple[int, str] = after
-            ) -> tuple[list[tuple[str, int]], dict[str, int]] | None:
-                if not b.try_prune_lock():
-                    return None
-                found = b.prune_candidates(report.before_ms, after, self.batch)
-                if not found:
-                    return found, {}
-                ids = [task_id for task_id, _ in found]
-                if export is not None:
-                    # On disk before the transaction that deletes them commits.
-                    rows = b.prune_export(ids)
-                    export.write(rows)
-                    report.exported += len(rows)
-                return found, b.prune_tasks(ids)
+        def delete(b: Backend, found: list[tuple[str, int]]) -> dict[str, int]:
+            ids = [task_id for task_id, _ in found]
+            if self.export is not None:
+                # On disk before the transaction that deletes them commits.
+                self._export(report, b.prune_export(ids))
+            return b.prune_tasks(ids)
 
-            done = self._batch(job)
-            if done is None:
-                report.skipped = True
-                return False
-            found, deleted = done
-            if found:
-                self._count(report, deleted)
-            if len(found) < self.batch:
-                break
-            created, task_id = found[-1][1], found[-1][0]
-            after = (created, task_id)
-        return True
+        return self._keyset(
+            report,
+            self.batch,
+            (_MIN_TIME, ""),
+            lambda b, after: b.prune_candidates(report.before_ms, after, self.batch),
+            delete,
+        )
 
     def _spans(self, report: PruneReport) -> bool:
-        after: tuple[int, int] = (_MIN_TIME, 0)
-        export = self.export
+        """OTLP batches of no kept task or run, with their spans; False when skipped."""
+
+        def delete(b: Backend, found: list[tuple[int, int]]) -> dict[str, int]:
+            ids = [batch_id for batch_id, _ in found]
+            rows, deleted = b.prune_spans(ids, export=self.export is not None)
+            self._export(report, rows)
+            return deleted
+
+        return self._keyset(
+            report,
+            BATCH_ROWS,
+            (_MIN_TIME, 0),
+            lambda b, after: b.prune_span_batches(report.before_ms, after, BATCH_ROWS),
+            delete,
+        )
+
+    def _export(self, report: PruneReport, rows: Sequence[Any]) -> None:
+        if self.export is not None and rows:
+            self.export.write(rows)
+            report.exported += len(rows)
+
+    def _keyset(
+        self,
+        report: PruneReport,
+        size: int,
+        start: tuple[int, K],
+        find: Callable[[Backend, tuple[int, K]], list[tuple[K, int]]],
+        delete: Callable[[Backend, list[tuple[K, int]]], dict[str, int]],
+    ) -> bool:
+        """Batches of at most `size` rows found after the last one's (time, key), each deleted
+        in its own transaction under the prune lock; False when another server holds it."""
+        after: tuple[int, K] = start
         while not self.stopping():
 
             def job(
-                b: Backend, after: tuple[int, int] = after
-            ) -> tuple[list[tuple[int, int]], dict[str, int]] | None:
+                b: Backend, after: tuple[int, K] = after
+            ) -> tuple[list[tuple[K, int]], dict[str, int]] | None:
                 if not b.try_prune_lock():
                     return None
-                found = b.prune_span_batches(report.before_ms, after, BATCH_ROWS)
-                if not found:
-                    return found, {}
-                rows, deleted = b.prune_spans([i for i, _ in found], export=export is not None)
-                if export is not None:
-                    export.write(rows)
-                    report.exported += len(rows)
-                return found, deleted
+                found = find(b, after)
+                return found, (delete(b, found) if found else {})
 
             done = self._batch(job)
             if done is None:
@@ -210,9 +218,10 @@ class Pruner:
             found, deleted = done
             if found:
                 self._count(report, deleted)
-            if len(found) < BATCH_ROWS:
+            if len(found) < size:
                 break
-            after = (found[-1][1], found[-1][0])
+            key, at = found[-1]
+            after = (at, key)
         return True
 
     def _idempotency(self, report: PruneReport) -> None:
