@@ -16,18 +16,16 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import unique, wait_for
+from tests.finishing_agent import FinishingAgent
 from tests.server import Client, Response
 
 pytestmark = [pytest.mark.process, pytest.mark.e2e, pytest.mark.slow]
@@ -131,61 +129,19 @@ def lease_gone(r: Response) -> bool:
     return r.status == 404 and b"No active lease" in r.body
 
 
-class Agent(threading.Thread):
-    """Claims (long-polling), finishes the task, claims again; always through HAProxy."""
+class Agent(FinishingAgent):
+    """Always through HAProxy, which answers 502-504 for a request its server died on, and
+    may pass on a transition whose lease expired meanwhile."""
 
     def __init__(self, name: str, role: str, stack: Stack) -> None:
-        super().__init__(name=name, daemon=True)
-        self.role = role
+        super().__init__(name, role, LEASE_TTL_MS)
         self.stack = stack
-        self.acknowledged: list[tuple[str, str]] = []  # (task id, run id) finished with a 200
-        self.unexpected: list[str] = []
-        self.stop_when_idle = threading.Event()
 
-    def call(self, client: Client, path: str, body: Any, token: str | None = None) -> Response:
-        return client.request("POST", path, body, token=token)
+    def client(self) -> Client:
+        return self.stack.client()
 
-    def run(self) -> None:
-        client = self.stack.client()
-        while True:
-            try:
-                r = self.call(
-                    client,
-                    "/leases/claim",
-                    {
-                        "agent_id": self.name,
-                        "agent_role": self.role,
-                        "lease_ttl_ms": LEASE_TTL_MS,
-                        "wait_ms": 500,
-                    },
-                )
-                if r.status == 204:
-                    if self.stop_when_idle.is_set():
-                        client.close()
-                        return
-                    continue
-                if r.status != 200:
-                    if r.status not in PROXY_GAPS:
-                        self.unexpected.append(f"claim {r.status} {r.body[:200]!r}")
-                    time.sleep(0.05)
-                    continue
-                lease = r.json
-                r = self.call(
-                    client,
-                    f"/runs/{lease['run']['id']}/transition",
-                    {"trigger": "finish"},
-                    token=lease["lease_token"],
-                )
-                if r.status == 200:
-                    self.acknowledged.append((lease["task"]["id"], lease["run"]["id"]))
-                elif r.status not in (409, 410, *PROXY_GAPS) and not lease_gone(r):
-                    self.unexpected.append(f"transition {r.status} {r.body[:200]!r}")
-            except (OSError, http.client.HTTPException):
-                # HAProxy closed the connection of a request its server died on: whatever was
-                # in flight is committed or not; a lease left behind expires. Ask again.
-                client.close()
-                client = self.stack.client()
-                time.sleep(0.05)
+    def explained(self, r: Response) -> bool:
+        return r.status in PROXY_GAPS or lease_gone(r)
 
 
 def test_two_servers_behind_haproxy_one_killed_every_task_done_once(stack: Stack) -> None:

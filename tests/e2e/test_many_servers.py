@@ -10,7 +10,6 @@ transitions and reaper passes meet no deadlock in PostgreSQL.
 
 from __future__ import annotations
 
-import http.client
 import sys
 import threading
 import time
@@ -23,8 +22,9 @@ import psycopg
 import pytest
 
 from tests.conftest import unique, wait_for
+from tests.finishing_agent import FinishingAgent
 from tests.pgserver import PostgresServer
-from tests.server import Client, Response, Server
+from tests.server import Client, Server
 
 pytestmark = [
     pytest.mark.process,
@@ -66,68 +66,21 @@ def dsn_of(server: Server) -> str:
     return server.dsn
 
 
-class Worker(threading.Thread):
-    """An agent: claims (long-polling), finishes the task, claims again; when its server is
-    gone it moves to the next one, as a load balancer would send it."""
+class Worker(FinishingAgent):
+    """An agent: when its server is gone it moves to the next one, as a load balancer would
+    send it."""
 
     def __init__(self, name: str, role: str, servers: list[Server], first: int) -> None:
-        super().__init__(name=name, daemon=True)
-        self.role = role
+        super().__init__(name, role, LEASE_TTL_MS)
         self.servers = servers
         self.at = first
-        self.acknowledged: list[tuple[str, str]] = []  # (task id, run id) finished with a 200
-        self.unexpected: list[str] = []
-        self.stop_when_idle = threading.Event()
 
     def client(self) -> Client:
         server = self.servers[self.at % len(self.servers)]
         return Client("127.0.0.1", server.port, timeout=15)
 
-    def call(self, client: Client, method: str, path: str, body: Any, **kw: Any) -> Response:
-        return client.request(method, path, body, **kw)
-
-    def run(self) -> None:
-        client = self.client()
-        while True:
-            try:
-                r = self.call(
-                    client,
-                    "POST",
-                    "/leases/claim",
-                    {
-                        "agent_id": self.name,
-                        "agent_role": self.role,
-                        "lease_ttl_ms": LEASE_TTL_MS,
-                        "wait_ms": 500,
-                    },
-                )
-                if r.status == 204:
-                    if self.stop_when_idle.is_set():
-                        client.close()
-                        return
-                    continue
-                if r.status != 200:
-                    self.unexpected.append(f"claim {r.status} {r.body[:200]!r}")
-                    continue
-                lease = r.json
-                r = self.call(
-                    client,
-                    "POST",
-                    f"/runs/{lease['run']['id']}/transition",
-                    {"trigger": "finish"},
-                    token=lease["lease_token"],
-                )
-                if r.status == 200:
-                    self.acknowledged.append((lease["task"]["id"], lease["run"]["id"]))
-                elif r.status not in (409, 410):  # expired or superseded: someone else's now
-                    self.unexpected.append(f"transition {r.status} {r.body[:200]!r}")
-            except (OSError, http.client.HTTPException):
-                # The server is gone: whatever was in flight is either committed or not;
-                # the lease, if any, expires and is claimed again. Move to the next server.
-                client.close()
-                self.at += 1
-                client = self.client()
-                time.sleep(0.05)
+    def lost(self) -> None:
+        self.at += 1
 
 
 def rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
