@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -90,6 +91,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     port = free_port()
     assert text.count("hostPort: 7700") == 1
     manifest = tmp_path / "nulltickets.yaml"
+    # The secrets set as the file says a user must: its placeholders do not start a server.
+    assert secret(text, "token") == "CHANGE-ME-TOKEN"
+    text = text.replace("CHANGE-ME-TOKEN", secrets.token_hex(24))
+    text = text.replace("CHANGE-ME-PASSWORD", secrets.token_hex(24))
     manifest.write_text(text.replace("hostPort: 7700", f"hostPort: {port}"))
     for image in re.findall(r"^\s+image: (\S+)$", text, re.MULTILINE):
         podman("image", "exists", image)  # built here; nothing is pulled
