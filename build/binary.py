@@ -98,6 +98,7 @@ NOFOLLOW = [
     "psycopg_pool",
     "psycopg_binary",
     "psycopg_c",
+    "greenlet",
     "tkinter",
     "unittest",
     "doctest",

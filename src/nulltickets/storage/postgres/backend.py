@@ -32,6 +32,7 @@ from nulltickets.storage.backend import (
     StageBoardRow,
     _task,
 )
+from nulltickets.storage.postgres.green import GreenConnection, GreenCursor
 from nulltickets.storage.queries import load_backend_queries
 
 Q = load_backend_queries("nulltickets.storage.postgres", "pyformat")
@@ -88,7 +89,9 @@ class PostgresBackend(Backend):
     # A JSON path PostgreSQL cannot read, from the request.
     _bad_query = (pg_errors.SyntaxError, pg_errors.DataException)
 
-    def __init__(self, conn: psycopg.Connection[Any], *, writing: bool = False) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any] | GreenConnection, *, writing: bool = False
+    ) -> None:
         self.conn = conn
         # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
         self.writing = writing
@@ -101,7 +104,7 @@ class PostgresBackend(Backend):
         # The key this unit of work acts for, until a statement confirmed it (confirm_key).
         self.unconfirmed_key: str | None = None
 
-    def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+    def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any] | GreenCursor:
         sql: LiteralString = Q[name]
         conn = self.conn
         if self.committed_alone is not None:

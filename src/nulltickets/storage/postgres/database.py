@@ -1,7 +1,10 @@
 """The database as the service sees it (storage.ports.Database), on PostgreSQL.
 
-Every unit of work runs in one transaction on a pooled connection, in a thread of the
-database's own (the driver blocks), while the event loop goes on. Writes run at READ COMMITTED:
+Every unit of work runs in one transaction on a pooled connection. From the event loop (every
+request) that is an asyncio connection, in the loop's own thread: the unit of work is the same
+synchronous code as on SQLite, and postgres.green awaits each of its statements on the loop,
+so other requests go on meanwhile and no thread is involved. From a plain thread (retention,
+tools, tests) it is a blocking connection of a pool of its own. Writes run at READ COMMITTED:
 what keeps two servers from both claiming a task, or from inserting one name twice, is the
 data itself (runs_one_running_per_task, unique keys, ON CONFLICT, row locks taken with SKIP
 LOCKED), not a single writer. When PostgreSQL aborts a unit of work for reasons that a second
@@ -24,7 +27,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
@@ -45,13 +47,34 @@ from nulltickets.errors import (
 )
 from nulltickets.storage.dsn import display_name, redact
 from nulltickets.storage.ports import Capabilities, StorageStats
+from nulltickets.storage.postgres import green
 from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
+from nulltickets.storage.postgres.green import GreenConnection
 from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
 
 log = logging.getLogger("nulltickets.storage")
 
 T = TypeVar("T")
+
+
+class _LoopPool:
+    """A pool of asyncio connections and its queue: as many units of work as it has
+    connections ask it for one at a time, the others wait their turn before it, for as long as
+    it takes (as the threads' units waited for a thread). Only a unit that has asked waits
+    POOL_TIMEOUT_S at most, then hears 503: a busy server queues, one whose PostgreSQL is gone
+    says so."""
+
+    __slots__ = ("pool", "turn")
+
+    def __init__(
+        self, pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]], size: int
+    ) -> None:
+        self.pool = pool
+        self.turn = asyncio.Semaphore(size)
+
+
+_AsyncPools = tuple[_LoopPool, _LoopPool]
 
 CAPABILITIES = Capabilities(
     name="postgresql",
@@ -64,6 +87,8 @@ CAPABILITIES = Capabilities(
 # for a busy pool, short enough that a client hears "unavailable" while PostgreSQL restarts.
 POOL_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 3
+# How long closing waits for the connections in use to come back to their pool.
+POOL_CLOSE_S = 5.0
 # Retries of a whole unit of work: after a serialization failure, deadlock or lost race.
 RACE_RETRIES = 8
 # ... and after its connection died before COMMIT (the pool checks its idle ones first).
@@ -158,7 +183,9 @@ class PostgresDatabase:
         self._writers = max(1, writers)
         self._write_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._read_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        # The pools of units of work from the event loop (postgres.green), made on that loop
+        # by its first unit of work: (the loop, its opening, then (write pool, read pool)).
+        self._loop_pools: tuple[asyncio.AbstractEventLoop, asyncio.Task[_AsyncPools]] | None = None
         self._notifier = PostgresNotifier(url)
         self._rand = random.Random()
         self._lock = threading.Lock()
@@ -197,7 +224,7 @@ class PostgresDatabase:
 
         self._write_pool = psycopg_pool.ConnectionPool(
             self.url,
-            min_size=1,
+            min_size=0,  # in a server only retention's thread uses it, a batch at a time
             max_size=self._writers,
             kwargs=self._kwargs(),
             timeout=POOL_TIMEOUT_S,
@@ -207,7 +234,7 @@ class PostgresDatabase:
         )
         self._read_pool = psycopg_pool.ConnectionPool(
             self.url,
-            min_size=1,
+            min_size=0,
             max_size=self._readers,
             kwargs=self._kwargs(),
             configure=reader,
@@ -216,20 +243,104 @@ class PostgresDatabase:
             name="nulltickets-read",
             open=True,
         )
-        self._executor = ThreadPoolExecutor(
-            max_workers=self._writers + self._readers, thread_name_prefix="nulltickets-pg"
-        )
         self._notifier.start()
 
     def close(self) -> None:
         self._notifier.stop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._close_loop_pools()
         for pool in (self._read_pool, self._write_pool):
             if pool is not None:
                 pool.close()
         self._read_pool = self._write_pool = None
+
+    async def _pools(self) -> _AsyncPools:
+        """This loop's pools, opened by the first unit of work that asks (a database opened
+        before its loop runs, as a granian worker's is, has none until then)."""
+        if self._write_pool is None:
+            raise StorageUnavailable("the database is closed")
+        loop = asyncio.get_running_loop()
+        made = self._loop_pools
+        if made is None or made[0] is not loop:
+            if made is not None:  # another loop's (a test's earlier loop): not usable here
+                self._close_loop_pools()
+            made = self._loop_pools = (loop, loop.create_task(self._open_pools()))
+        return await asyncio.shield(made[1])
+
+    async def _open_pools(self) -> _AsyncPools:
+        async def reader(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+            await conn.set_read_only(True)
+
+        write: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+        write = psycopg_pool.AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._writers,
+            kwargs=self._kwargs(),
+            timeout=POOL_TIMEOUT_S,
+            reconnect_timeout=24 * 3600,
+            name="nulltickets-write-async",
+            open=False,
+        )
+        read: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+        read = psycopg_pool.AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._readers,
+            kwargs=self._kwargs(),
+            configure=reader,
+            timeout=POOL_TIMEOUT_S,
+            reconnect_timeout=24 * 3600,
+            name="nulltickets-read-async",
+            open=False,
+        )
+        await write.open()
+        await read.open()
+        return _LoopPool(write, self._writers), _LoopPool(read, self._readers)
+
+    def _close_loop_pools(self) -> None:
+        """Close the event loop's pools: on their loop when it is not running (a granian
+        worker's, after it served its last request), else from its thread; a closed loop's
+        connections close with the process."""
+        made = self._loop_pools
+        if made is None:
+            return
+        loop = made[0]
+        if loop.is_closed():
+            self._loop_pools = None
+            return
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        try:
+            if current is loop:  # called on the loop itself: it closes them when it can
+                loop.create_task(self.close_loop_pools())
+            elif loop.is_running():
+                done = asyncio.run_coroutine_threadsafe(self.close_loop_pools(), loop)
+                done.result(POOL_CLOSE_S + 1)
+            else:
+                loop.run_until_complete(self.close_loop_pools())
+        except (Exception, asyncio.CancelledError) as exc:
+            log.debug("closing the pools failed: %s", exc)
+
+    async def close_loop_pools(self) -> None:
+        """Close the pools of the running loop, if they are this loop's: what a loop that is
+        about to end (asyncio.run's) awaits before it ends, as its pools' tasks would not
+        end when it cancels them."""
+        made = self._loop_pools
+        if made is None or made[0] is not asyncio.get_running_loop():
+            return
+        self._loop_pools = None
+        try:
+            pools = await made[1]
+        except BaseException:
+            return
+        for each in pools:
+            try:
+                await each.pool.close(timeout=POOL_CLOSE_S)
+            except (Exception, asyncio.CancelledError) as exc:  # its tasks were cancelled
+                log.debug("closing a pool failed: %s", exc)
 
     def stats(self) -> StorageStats:
         """What /metrics shows for this process: the units of work retried and the time of
@@ -247,37 +358,72 @@ class PostgresDatabase:
     # --- units of work -------------------------------------------------------------------------
 
     async def write(self, job: Callable[[PostgresBackend], T]) -> T:
-        return await self._in_thread(self.write_sync, job)
+        """`job` in a transaction of its own on this loop's pool (postgres.green: no thread),
+        again when a retry settles its failure."""
+        loop_pool = (await self._pools())[0]
+        pool = loop_pool.pool
+        tries = _Tries()
+        while True:
+            committing = False
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                async with loop_pool.turn, pool.connection() as conn:
+                    try:
+                        result: T = await green.run(
+                            _unit, job, PostgresBackend(GreenConnection(conn), writing=True)
+                        )
+                    except BaseException:
+                        if not conn.broken:
+                            await conn.rollback()
+                        raise
+                    committing = True
+                    started = time.perf_counter()
+                    await conn.commit()
+                    self.commit_durations.observe(time.perf_counter() - started)
+                self._notifier.committed()
+                return result
+            except BaseException as exc:
+                again = self._again(exc, conn, committing, tries)
+                if again is None:
+                    raise
+                if again:
+                    await asyncio.sleep(again)
+                else:
+                    await self._check_async(pool)
 
     async def read(self, job: Callable[[PostgresBackend], T]) -> T:
-        return await self._in_thread(self.read_sync, job)
-
-    async def _in_thread(
-        self,
-        run: Callable[[Callable[[PostgresBackend], T]], T],
-        job: Callable[[PostgresBackend], T],
-    ) -> T:
-        executor = self._executor
-        if executor is None:
-            raise StorageUnavailable("the database is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, run, job)
+        """`job` in a read-only transaction (one snapshot) on this loop's pool."""
+        loop_pool = (await self._pools())[1]
+        pool = loop_pool.pool
+        tries = _Tries()
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                async with loop_pool.turn, pool.connection() as conn:
+                    try:
+                        return await green.run(job, PostgresBackend(GreenConnection(conn)))
+                    finally:
+                        if not conn.broken:
+                            await conn.rollback()  # read-only: nothing to keep
+            except BaseException as exc:
+                again = self._again(exc, conn, False, tries)
+                if again is None:
+                    raise
+                await self._check_async(pool)
 
     def write_sync(self, job: Callable[[PostgresBackend], T]) -> T:
-        """Run `job` in a transaction of its own, again when a retry settles its failure."""
+        """`write` from a plain thread (retention, tools, tests), on a pool of its own."""
         pool = self._write_pool
         if pool is None:
             raise StorageUnavailable("the database is closed")
-        races = lost = 0
+        tries = _Tries()
         while True:
             committing = False
             conn: psycopg.Connection[Any] | None = None
             try:
                 with pool.connection() as conn:
-                    backend = PostgresBackend(conn, writing=True)
                     try:
-                        result = job(backend)
-                        backend.send_notifications()
+                        result = _unit(job, PostgresBackend(conn, writing=True))
                     except BaseException:
                         if not conn.broken:
                             conn.rollback()
@@ -289,37 +435,20 @@ class PostgresDatabase:
                 self._notifier.committed()
                 return result
             except BaseException as exc:
-                if _retryable_race(exc) and races < RACE_RETRIES:
-                    races += 1
-                    self.retries += 1
-                    time.sleep(self._backoff(races))
-                    continue
-                if (
-                    connection_lost(exc, conn)
-                    and not committing
-                    and lost < CONNECTION_RETRIES
-                    and not isinstance(exc, psycopg_pool.PoolTimeout)  # waited long enough
-                ):
-                    # Nothing was committed: the next try runs on a connection that works.
-                    lost += 1
-                    self.retries += 1
-                    self._check(pool)
-                    continue
-                if connection_lost(exc, conn) and committing:
-                    raise StorageUnavailable(
-                        "PostgreSQL went away during COMMIT: the write may or may not have "
-                        "been kept (retry it with its Idempotency-Key)"
-                    ) from None
-                translated = storage_error(exc, conn)
-                if translated is exc:
+                again = self._again(exc, conn, committing, tries)
+                if again is None:
                     raise
-                raise translated from None
+                if again:
+                    time.sleep(again)
+                else:
+                    self._check(pool)
 
     def read_sync(self, job: Callable[[PostgresBackend], T]) -> T:
+        """`read` from a plain thread."""
         pool = self._read_pool
         if pool is None:
             raise StorageUnavailable("the database is closed")
-        lost = 0
+        tries = _Tries()
         while True:
             conn: psycopg.Connection[Any] | None = None
             try:
@@ -330,18 +459,42 @@ class PostgresDatabase:
                         if not conn.broken:
                             conn.rollback()  # read-only: nothing to keep, the snapshot ends
             except BaseException as exc:
-                if (
-                    connection_lost(exc, conn)
-                    and lost < CONNECTION_RETRIES
-                    and not isinstance(exc, psycopg_pool.PoolTimeout)
-                ):
-                    lost += 1
-                    self._check(pool)
-                    continue
-                translated = storage_error(exc, conn)
-                if translated is exc:
+                again = self._again(exc, conn, False, tries)
+                if again is None:
                     raise
-                raise translated from None
+                self._check(pool)
+
+    def _again(
+        self, exc: BaseException, conn: Any, committing: bool, tries: _Tries
+    ) -> float | None:
+        """After a unit of work failed with `exc`: the seconds to wait before it runs again on
+        a fresh transaction (after a lost race; 0.0: at once, on a connection that works,
+        after its connection died before COMMIT), None to raise `exc` as it is; or raise
+        what its caller hears instead."""
+        if _retryable_race(exc) and tries.races < RACE_RETRIES:
+            tries.races += 1
+            self.retries += 1
+            return self._backoff(tries.races)
+        lost = connection_lost(exc, conn)
+        if (
+            lost
+            and not committing
+            and tries.lost < CONNECTION_RETRIES
+            and not isinstance(exc, psycopg_pool.PoolTimeout)  # waited long enough
+        ):
+            # Nothing was committed: the next try runs on a connection that works.
+            tries.lost += 1
+            self.retries += 1
+            return 0.0
+        if lost and committing:
+            raise StorageUnavailable(
+                "PostgreSQL went away during COMMIT: the write may or may not have "
+                "been kept (retry it with its Idempotency-Key)"
+            ) from None
+        translated = storage_error(exc, conn)
+        if translated is exc:
+            return None
+        raise translated from None
 
     def _backoff(self, attempt: int) -> float:
         with self._lock:
@@ -357,3 +510,28 @@ class PostgresDatabase:
             pool.check()
         except Exception as exc:  # the pool is closing; the next getconn says so
             log.debug("pool check failed: %s", exc)
+
+    @staticmethod
+    async def _check_async(pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
+        try:
+            await pool.check()
+        except Exception as exc:
+            log.debug("pool check failed: %s", exc)
+
+
+class _Tries:
+    """How many times a unit of work ran again, by cause."""
+
+    __slots__ = ("lost", "races")
+
+    def __init__(self) -> None:
+        self.races = 0
+        self.lost = 0
+
+
+def _unit(job: Callable[[PostgresBackend], T], backend: PostgresBackend) -> T:
+    """A unit of work that writes, with its wake-ups sent last (PostgreSQL delivers them at its
+    COMMIT, and not at all after a rollback)."""
+    result = job(backend)
+    backend.send_notifications()
+    return result

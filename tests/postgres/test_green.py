@@ -1,0 +1,172 @@
+"""Units of work from the event loop (every request's) on PostgreSQL: asyncio connections, the
+unit's statements awaited on the loop by postgres.green, in the loop's own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nulltickets.domain.clock import wall_ms
+from nulltickets.domain.commands import Claim, CreatePipeline
+from nulltickets.errors import DuplicateName, StorageUnavailable
+from nulltickets.service import Tracker
+from nulltickets.storage.postgres import PostgresDatabase, green
+from nulltickets.storage.postgres.backend import PostgresBackend
+from tests.conftest import unique
+from tests.pgserver import PostgresServer
+from tests.postgres.test_database import pipeline, seed
+
+
+@pytest.fixture
+def db(pg_shared_dsn: str) -> Iterator[PostgresDatabase]:
+    database = PostgresDatabase(pg_shared_dsn)
+    database.open()
+    yield database
+    database.close()
+
+
+def run(main: Callable[[], Any], db: PostgresDatabase) -> Any:
+    """`main()` on a loop of its own, as a server's worker runs its requests; the loop's pools
+    closed before it ends."""
+
+    async def then_close() -> Any:
+        try:
+            return await main()
+        finally:
+            await db.close_loop_pools()
+
+    return asyncio.run(then_close())
+
+
+def test_units_run_in_the_loops_thread_and_wait_for_each_other_there(
+    db: PostgresDatabase,
+) -> None:
+    """One unit of work takes a lock and holds it until another session waits for it; a second
+    unit, started after it, is that session. Run one after the other (or with the loop blocked
+    while the first waits) the first would wait for ever; on the loop both are in flight at
+    once, and each ran in the loop's thread."""
+    key = wall_ms() % 1_000_000
+    threads: list[int] = []
+
+    def holder(b: PostgresBackend) -> int:
+        threads.append(threading.get_ident())
+        b.conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        for polls in range(1000):
+            waiting = b.conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = %s "
+                "AND NOT granted",
+                (key,),
+            ).fetchone()
+            if waiting[0]:
+                return polls
+            b.conn.execute("SELECT pg_sleep(0.01)")
+        raise AssertionError("nobody waited for the lock: the second unit never ran")
+
+    def waiter(b: PostgresBackend) -> str:
+        threads.append(threading.get_ident())
+        b.conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        return "got it"
+
+    async def main() -> tuple[int, str]:
+        first = asyncio.ensure_future(db.write(holder))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(db.write(waiter))
+        return await first, await second
+
+    polls, got = run(main, db)
+    assert got == "got it" and polls >= 0
+    assert threads == [threading.get_ident()] * 2
+
+
+def test_an_error_of_a_statement_reaches_the_unit_and_the_caller_as_ours(
+    db: PostgresDatabase,
+) -> None:
+    """A unique violation inside a unit of work surfaces as the contract's error; the unit's
+    earlier writes are rolled back with it; the loop goes on serving the next one."""
+    tracker = Tracker(db.notifier, shared=True)
+    name = unique("pipe")
+    made = pipeline(unique("coder"))
+    first = CreatePipeline(name, made.definition)
+
+    async def main() -> tuple[str, bool]:
+        pid = await db.write(lambda b: tracker.create_pipeline(b, first, wall_ms()))
+        other = unique("pipe")
+
+        def twice(b: PostgresBackend) -> None:
+            tracker.create_pipeline(b, CreatePipeline(other, made.definition), wall_ms())
+            tracker.create_pipeline(b, first, wall_ms())  # the name is taken
+
+        with pytest.raises(DuplicateName):
+            await db.write(twice)
+        kept = await db.read(lambda b: any(p.name == other for p in b.list_pipelines()))
+        return pid, kept
+
+    pid, kept = run(main, db)
+    assert pid and not kept
+
+
+def test_a_unit_sees_the_context_variables_of_its_request(db: PostgresDatabase) -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("who")
+
+    async def one(who: str) -> str:
+        var.set(who)
+        return await db.read(lambda b: var.get())
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(one("a"), one("b"), one("c")))
+
+    assert run(main, db) == ["a", "b", "c"]
+
+
+def test_a_statement_outside_a_unit_of_the_loop_is_refused() -> None:
+    """green.wait only works inside green.run: a coroutine is never dropped unawaited in
+    silence."""
+
+    async def nothing() -> None:
+        return None
+
+    coroutine = nothing()
+    with pytest.raises(RuntimeError, match="outside"):
+        green.wait(coroutine)
+    coroutine.close()
+
+
+def test_after_a_restart_the_loops_pool_runs_the_unit_again_on_a_fresh_connection(
+    db: PostgresDatabase, postgres: PostgresServer
+) -> None:
+    """The loop's pool, like the threads' (test_database), replaces the connections PostgreSQL
+    dropped, and the unit of work runs again instead of failing."""
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    seed(db, tracker, role, 2)
+
+    async def main() -> Any:
+        name = await db.read(lambda b: b.conn.execute("SELECT current_database()").fetchone())
+        with postgres.admin() as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() "
+                "AND query NOT LIKE '%%LISTEN nulltickets_claimable%%'",
+                (name[0],),
+            )
+        return await db.write(lambda b: tracker.claim(b, Claim("a", role), wall_ms()))
+
+    assert run(main, db) is not None
+
+
+def test_a_closed_database_is_unavailable_to_the_loop(pg_shared_dsn: str) -> None:
+    database = PostgresDatabase(pg_shared_dsn)
+    database.open()
+
+    async def main() -> None:
+        assert await database.read(lambda b: 1) == 1
+        database.close()
+        with pytest.raises(StorageUnavailable):
+            await database.read(lambda b: 1)
+
+    run(main, database)
