@@ -4,6 +4,7 @@ retention it levels off instead of growing with every cycle.
 
     python -m benchmarks.soak --cycles 500000 --retention 30s --prune-interval 2s
     python -m benchmarks.soak --db postgresql://... --minutes 10
+    python -m benchmarks.soak --postgres --minutes 2     # a throwaway cluster of its own
 
 Every `--every` seconds one line: cycles so far, cycles/s, claim p50/p99 in that interval, the
 rows pruned in it, and the size (SQLite: the file and its WAL, pages and free pages;
@@ -253,6 +254,9 @@ def size(db: str) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     p.add_argument("--db", help="SQLite file or postgresql:// URL (default: a temporary file)")
+    p.add_argument(
+        "--postgres", action="store_true", help="on a throwaway PostgreSQL cluster of its own"
+    )
     p.add_argument("--cycles", type=int, default=500_000)
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--agents", type=int, default=8)
@@ -265,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="nulltickets-soak-"))
+    cluster = None
+    if args.postgres:
+        from benchmarks.pgcluster import start_postgres
+
+        cluster = start_postgres()
+        args.db = cluster.dsn(cluster.create_database())
     db = args.db or str(workdir / "soak.db")
     port = free_port()
     cmd = [
@@ -354,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-    if args.db is None:
+        if cluster is not None:
+            cluster.stop()
+    if args.db is None or cluster is not None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nulltickets.domain.model import SpanRow
-from nulltickets.service.retention import Pruner, PruneReport
+from nulltickets.service.retention import Export, Pruner, PruneReport
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, claimed, covers, make_pipeline, make_task, new_id
@@ -30,6 +31,13 @@ def span(task_id: str | None, run_id: str | None) -> SpanRow:
 def finish(b: Backend, role: str, stage: str, now: int, *, event: bool = True) -> str:
     """Claim the next task of `role`, record an event, an artifact and a span of its run, and
     move it to `stage` at `now`; its id."""
+    return finish_run(b, role, stage, now, event=event)[0]
+
+
+def finish_run(
+    b: Backend, role: str, stage: str, now: int, *, event: bool = True
+) -> tuple[str, str]:
+    """`finish`; the task's id and its run's."""
     got = claimed(b, role, now=NOW)
     if event:
         b.insert_event(got.run_id, "progress", '{"n":1}', NOW + 1)
@@ -42,7 +50,7 @@ def finish(b: Backend, role: str, stage: str, now: int, *, event: bool = True) -
     assert b.end_run(got.run_id, "completed", '{"tokens":7}', None, now)
     b.delete_lease(got.lease_id)
     assert b.move_task(got.task.id, stage, got.task.task_version, now)
-    return got.task.id
+    return got.task.id, got.run_id
 
 
 def world(b: Backend) -> dict[str, Any]:
@@ -304,3 +312,51 @@ def test_one_server_prunes_at_a_time_on_a_shared_database(
         release.set()
         thread.join()
     assert second.write_sync(lambda b: b.try_prune_lock()) is True  # released with its unit
+
+
+def test_batches_bounded_by_time_still_delete_every_old_finished_task_whole(
+    database: Database, tmp_path: Path
+) -> None:
+    """A time per batch that no task fits in: each batch then takes one task, and the pass
+    still deletes every finished task older than the cutoff, never a live one; between two
+    batches each task is whole (its run and event with it) or gone with all of its history,
+    and the export holds every row once."""
+
+    def fill(b: Backend) -> tuple[list[tuple[str, str]], str]:
+        p = make_pipeline(b, "a")
+        done: list[tuple[str, str]] = []
+        for _ in range(12):
+            make_task(b, p, now=NOW)
+            done.append(finish_run(b, "a", "done", OLD))
+        return done, make_task(b, p, now=NOW)
+
+    done, queued = database.write_sync(fill)
+
+    def whole_or_gone(b: Backend) -> list[str]:
+        wrong = []
+        for task_id, run_id in done:
+            task, run = b.task_exists(task_id), b.run_status(run_id) is not None
+            events = len(b.list_events(run_id, 0, 10)) if run else 0
+            if (task, run, events) not in ((True, True, 1), (False, False, 0)):
+                wrong.append(task_id)
+        return wrong
+
+    seen: list[list[str]] = []
+
+    def between() -> bool:  # asked before each batch
+        seen.append(database.read_sync(whole_or_gone))
+        return False
+
+    export = Export(str(tmp_path / "x.jsonl"))
+    try:
+        report = Pruner(database, export, batch_s=0.0, stopping=between).prune(CUTOFF, vacuum=False)
+    finally:
+        export.close()
+    assert report.deleted["tasks"] == len(done)
+    assert report.batches >= len(done)  # one task a batch
+    assert len(seen) > len(done) and not any(seen)
+    assert not any(database.read_sync(lambda b: [b.task_exists(t) for t, _ in done]))
+    assert database.read_sync(lambda b: b.task_exists(queued))
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    tasks = [r["row"]["id"] for r in rows if r["table"] == "tasks"]
+    assert sorted(tasks) == sorted(t for t, _ in done)
