@@ -34,3 +34,10 @@ def test_the_limit_is_never_passed_even_when_a_batch_takes_no_measurable_time() 
     for _ in range(5):
         sizer.took(sizer.size, 0.0)
     assert sizer.size == 3
+
+
+def test_with_no_time_aimed_at_a_batch_grows_to_the_limit_however_slow() -> None:
+    sizer = Sizer(100, None)
+    for _ in range(10):
+        sizer.took(sizer.size, 10.0)
+    assert sizer.size == 100

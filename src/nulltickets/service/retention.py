@@ -10,13 +10,13 @@ finished (queued, running, waiting on a retry, blocked), and all of its history,
 its age; the store; pipelines; keys.
 
 Each batch is one short transaction of its own, so a claim waits for one batch at most,
-never for a whole pass; and a batch is bounded by time as well as by count: it starts at a
-few tasks, and the next one takes as many as fit in BATCH_S (about 2 ms of work, measured on
-the batches before it, never more than `batch` tasks), so a claim behind it waits no longer
-than for a few claims of its own, whatever a task holds and however busy the machine. Where
-no writer is shared (PostgreSQL) the time is BATCH_S_UNSHARED. After each batch the pruner
-pauses at least as long as the batch took: the writer's other work gets at least half of its
-time.
+never for a whole pass. Where every write waits for one writer (SQLite) a batch is bounded
+by time as well as by count: it starts at a few tasks, and the next one takes as many as fit
+in BATCH_S (about 2 ms of work, at the pace of the batches before it, never more than
+`batch` tasks), so a claim behind it waits no longer than for a few claims of its own,
+whatever a task holds. On PostgreSQL a batch holds no lock a claim waits for, and takes
+`batch` tasks. After each batch the pruner pauses at least as long as the batch took: the
+database's other work gets at least half of its time.
 
 On SQLite the server's writer is shared: a batch run from the pruner's thread would take the
 writer's lock while the event loop waits for it (every request with it), and would hand the
@@ -69,10 +69,9 @@ BATCH_ROWS = 500  # idempotency records or OTLP batches per transaction at most
 # 40 ms with the server busy on the same cores; claims' p99 while pruning doubled).
 BATCH_S = 0.002
 # Where no writer is shared (PostgreSQL: a batch holds no lock a claim waits for, only the rows
-# it deletes) a batch is a few round trips even for one task: bounded by count, and by a time
-# that keeps its transaction short (measured: at 2 ms a batch took one or two tasks and the
-# pruning fell behind the soak's 150 tasks a second).
-BATCH_S_UNSHARED = 0.05
+# it deletes) a batch is bounded by count only: it is a few round trips even for one task, and
+# on a busy machine a time bound shrank batches to one task each (measured: 2 ms, then 50 ms,
+# and the pruning fell behind a soak of 150 tasks a second; 100 tasks take 10 to 35 ms).
 FIRST_BATCH = 4  # rows of the first batch of a loop, before anything is measured
 VACUUM_PAGES = 256  # pages given back per transaction (1 MiB of 4 KiB pages)
 _MIN_TIME = -(2**63)
@@ -119,16 +118,19 @@ class Export:
 class Sizer:
     """How many rows the next batch takes: as many as fit in `target_s` at the pace the batches
     before it went (at most twice the last size, so one fast batch is no licence for a slow
-    one), between 1 and `limit`."""
+    one), between 1 and `limit`; with no `target_s`, `limit` once grown to it."""
 
-    def __init__(self, limit: int, target_s: float) -> None:
+    def __init__(self, limit: int, target_s: float | None) -> None:
         self.limit, self.target_s = limit, target_s
         self.size = max(1, min(limit, FIRST_BATCH))
 
     def took(self, rows: int, seconds: float) -> None:
         if rows <= 0:
             return
-        fit = self.limit if seconds <= 0 else int(self.target_s * rows / seconds)
+        if self.target_s is None or seconds <= 0:
+            fit = self.limit
+        else:
+            fit = int(self.target_s * rows / seconds)
         self.size = max(1, min(self.limit, 2 * self.size, fit))
 
 
@@ -162,7 +164,7 @@ class Pruner:
     export: Export | None = None
     batch: int = BATCH_TASKS
     # A batch's work aimed at (see BATCH_S): its size follows the pace of the ones before.
-    # None: BATCH_S where the writer is shared (SQLite), else BATCH_S_UNSHARED.
+    # None: BATCH_S where the writer is shared (SQLite), else none (by count only).
     batch_s: float | None = None
     stopping: Callable[[], bool] = lambda: False
     # After each batch, wait as long as it took (times this): the writer's other work (claims)
@@ -176,9 +178,9 @@ class Pruner:
     loop: asyncio.AbstractEventLoop | None = None
 
     def __post_init__(self) -> None:
-        shared = self.db.capabilities.group_commit
-        default = BATCH_S if shared else BATCH_S_UNSHARED
-        self._target_s: float = default if self.batch_s is None else self.batch_s
+        self._target_s = self.batch_s
+        if self._target_s is None and self.db.capabilities.group_commit:
+            self._target_s = BATCH_S
 
     def prune(self, before_ms: int, *, vacuum: bool = True) -> PruneReport:
         """One pass over everything older than `before_ms`, batch by batch; with `vacuum`,
