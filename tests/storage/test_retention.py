@@ -4,14 +4,17 @@ newer), the export of those rows, loose spans, recorded answers, and giving page
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nulltickets.domain.model import SpanRow
-from nulltickets.service.retention import Export, Pruner, PruneReport
+from nulltickets.service.retention import Export, Pruner, PruneReport, Stopped
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, claimed, covers, make_pipeline, make_task, new_id
@@ -360,3 +363,35 @@ def test_batches_bounded_by_time_still_delete_every_old_finished_task_whole(
     rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
     tasks = [r["row"]["id"] for r in rows if r["table"] == "tasks"]
     assert sorted(tasks) == sorted(t for t, _ in done)
+
+
+def test_batches_run_as_writes_of_a_servers_loop_and_give_up_when_it_stops(
+    database: Database,
+) -> None:
+    """A server's pruner hands each batch to its event loop's writer: the pass deletes what a
+    pass from its own thread would. A server stopping while a batch waits for a loop that no
+    longer runs ends the pass at once (Stopped), without waiting for ever."""
+
+    def fill(b: Backend) -> list[str]:
+        p = make_pipeline(b, "a", stages=(("todo", "a", False), ("done", None, True)))
+        return [make_task(b, p, stage="done", now=NOW) for _ in range(30)]
+
+    ids = database.write_sync(fill)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        report = Pruner(database, batch=10, loop=loop).prune(CUTOFF, vacuum=False)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    assert report.deleted["tasks"] == len(ids)
+    assert not any(database.read_sync(lambda b: [b.task_exists(i) for i in ids]))
+
+    more = database.write_sync(fill)
+    asked = iter([False])  # running at the first batch, stopping from then on
+    pruner = Pruner(database, loop=loop, stopping=lambda: next(asked, True))
+    with pytest.raises(Stopped):
+        pruner.prune(CUTOFF, vacuum=False)
+    loop.close()
+    assert all(database.read_sync(lambda b: [b.task_exists(i) for i in more]))

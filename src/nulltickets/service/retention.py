@@ -222,16 +222,31 @@ class Pruner:
         return result
 
     def _on_loop(self, job: Callable[[Backend], T]) -> T:
-        """Run `job` as a write of the loop's queue; wait for it here (a server stopping
-        gives up waiting: its writer still commits the job before it closes)."""
+        """Run `job` as a write of the loop's queue; wait for it here. A server stopping gives
+        up waiting: a batch its loop took in hand is still committed before the writer closes,
+        one it never took is never started."""
         assert self.loop is not None
-        future = asyncio.run_coroutine_threadsafe(self.db.write(job), self.loop)
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def tell(task: asyncio.Future[T]) -> None:
+            if task.cancelled():
+                done.set_exception(Stopped())
+            elif (exc := task.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(task.result())
+
+        def start() -> None:  # on the loop
+            if done.set_running_or_notify_cancel():
+                asyncio.ensure_future(self.db.write(job)).add_done_callback(tell)
+
+        self.loop.call_soon_threadsafe(start)
         while True:
             try:
-                return future.result(timeout=0.1)
+                return done.result(timeout=0.1)
             except concurrent.futures.TimeoutError:
                 if self.stopping():
-                    future.cancel()
+                    done.cancel()
                     raise Stopped() from None
 
     def _count(self, report: PruneReport, deleted: dict[str, int]) -> None:
