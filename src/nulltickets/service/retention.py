@@ -65,8 +65,8 @@ DEFAULT_INTERVAL_S = 60.0
 BATCH_TASKS = 100  # tasks per transaction at most (each with a few runs, events, spans)
 BATCH_ROWS = 500  # idempotency records or OTLP batches per transaction at most
 # The work of one transaction, aimed at: a claim waits for a batch no longer than for a few
-# claims (measured: a 100-task batch held SQLite's writer 2 ms on an idle machine, and 10 to
-# 40 ms with the server busy on the same cores; claims' p99 while pruning doubled).
+# claims (measured: a 100-task batch of the soak, one run and event a task, is 2 ms of work on
+# an idle machine, up to 9 ms in a busy server, and its writer was out of reach up to 21 ms).
 BATCH_S = 0.002
 # Where no writer is shared (PostgreSQL: a batch holds no lock a claim waits for, only the rows
 # it deletes) a batch is bounded by count only: it is a few round trips even for one task, and
