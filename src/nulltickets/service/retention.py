@@ -77,7 +77,7 @@ BATCH_S = 0.002
 # seldom meets a batch at all (measured, 1-minute soaks, a pass every 2 s: claim p99 while
 # pruning 12 ms against 11 ms otherwise, where a pause as long as the batch gave 15 against
 # 11). PostgreSQL shares no writer, and a batch's time there includes its wait for a pooled
-# connection: as long as the batch, or pruning falls behind a busy server.
+# connection: a pause as long as the batch (its passes took half of a soak's run already).
 PAUSE_SHARED = 4.0
 PAUSE = 1.0
 FIRST_BATCH = 4  # rows of the first batch of a loop, before anything is measured
