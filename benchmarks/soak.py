@@ -4,11 +4,19 @@ retention it levels off instead of growing with every cycle.
 
     python -m benchmarks.soak --cycles 500000 --retention 30s --prune-interval 2s
     python -m benchmarks.soak --db postgresql://... --minutes 10
+    python -m benchmarks.soak --postgres --minutes 2     # a throwaway cluster of its own
 
 Every `--every` seconds one line: cycles so far, cycles/s, claim p50/p99 in that interval, the
 rows pruned in it, and the size (SQLite: the file and its WAL, pages and free pages;
 PostgreSQL: pg_database_size). Ends after `--cycles` cycles or `--minutes`, whichever comes
 first, with a JSON summary on the last line. No figure is asserted.
+
+Whether pruning holds claims up: a thread reads the server's /metrics every `--watch` seconds;
+from the first poll that sees rows pruned to the one that sees the pass end, a prune pass was
+running. Each claim that overlapped such a stretch counts as "pruning", every other as "idle",
+and each line and the summary give claim p50/p99/max of both (`claims_pruning`,
+`claims_idle`): unchanged while pruning means the two agree. `--retention off` runs the same
+load without any pass, for a baseline of its own.
 """
 
 from __future__ import annotations
@@ -60,17 +68,78 @@ class Http:
         return resp.status, (json.loads(raw) if raw and raw[:1] in b"{[" else raw)
 
 
+Claim = tuple[float, float]  # (monotonic start, seconds it took)
+
+
 class Stats:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cycles = 0
         self.errors = 0
-        self.claims: list[float] = []
+        self.claims: list[Claim] = []
 
-    def take(self) -> tuple[int, list[float]]:
+    def take(self) -> tuple[int, list[Claim]]:
         with self.lock:
             claims, self.claims = self.claims, []
             return self.cycles, claims
+
+
+class PruneWatch:
+    """When prune passes ran, from the server's counters: a pass runs from the poll before the
+    one that first sees its rows deleted until the poll that sees the pass counted (its vacuum
+    included). A pass that found nothing (one indexed query) is not counted as pruning."""
+
+    def __init__(self, port: int, every: float) -> None:
+        self.port, self.every = port, every
+        self.lock = threading.Lock()
+        self.windows: list[tuple[float, float]] = []  # (from, to) passes ran, monotonic
+        self.running_since: float | None = None  # a pass seen running since then
+        self.polled_at = time.monotonic()  # what happened before this is known
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client: Http | None = None
+        rows, passes = -1, -1
+        while not self.stop.wait(self.every):
+            try:
+                client = client or Http(self.port)
+                now_rows, now_passes = counters(client)
+            except (OSError, http.client.HTTPException):
+                client = None
+                continue
+            now = time.monotonic()
+            with self.lock:
+                if rows >= 0 and now_rows > rows and self.running_since is None:
+                    self.running_since = self.polled_at
+                if now_passes > passes and self.running_since is not None:
+                    self.windows.append((self.running_since, now))
+                    self.running_since = None
+                self.polled_at = now
+            rows, passes = now_rows, now_passes
+
+    def split(self, claims: list[Claim]) -> tuple[list[float], list[float], list[Claim]]:
+        """(pruning, idle, later): seconds of the claims that overlapped a pass, of those that
+        did not, and the claims that ended after the last poll (to split at the next call)."""
+        with self.lock:
+            until = self.polled_at
+            windows = list(self.windows)
+            if self.running_since is not None:
+                windows.append((self.running_since, until))
+        first = min((start for start, _ in claims), default=until)
+        windows = [(a, b) for a, b in windows if b >= first]
+        pruning: list[float] = []
+        idle: list[float] = []
+        later: list[Claim] = []
+        for start, took in claims:
+            end = start + took
+            if end > until:
+                later.append((start, took))
+            elif any(a <= end and start <= b for a, b in windows):
+                pruning.append(took)
+            else:
+                idle.append(took)
+        return pruning, idle, later
 
 
 def agent(port: int, pipeline_id: str, stats: Stats, stop: threading.Event, bulk: int) -> None:
@@ -96,11 +165,11 @@ def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, 
                 stats.errors += 1
             continue
         for _ in range(bulk):
-            started = time.perf_counter()
+            started = time.monotonic()
             status, got = client.call(
                 "POST", "/leases/claim", {"agent_id": "soak", "agent_role": "soak"}
             )
-            took = time.perf_counter() - started
+            took = time.monotonic() - started
             if status != 200:
                 with stats.lock:
                     stats.errors += status != 204
@@ -114,7 +183,7 @@ def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, 
                 token,
             )
             with stats.lock:
-                stats.claims.append(took)
+                stats.claims.append((started, took))
                 if status == 200:
                     stats.cycles += 1
                 else:
@@ -128,14 +197,31 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def pruned(port: int) -> int:
-    status, text = Http(port).call("GET", "/metrics")
+def latency(values: list[float]) -> dict[str, float]:
+    """Claims' count and p50/p99/max in ms."""
+    return {
+        "claims": len(values),
+        "p50_ms": round(pct(values, 0.5) * 1000, 2),
+        "p99_ms": round(pct(values, 0.99) * 1000, 2),
+        "max_ms": round(max(values, default=0.0) * 1000, 2),
+    }
+
+
+def counters(client: Http) -> tuple[int, int]:
+    """(rows pruned, prune passes) so far, from the server's /metrics."""
+    status, text = client.call("GET", "/metrics")
     if status != 200:
-        return 0
-    return sum(
+        return 0, 0
+    rows = sum(
         int(float(v))
         for v in re.findall(rb"^nulltickets_pruned_rows_total\{[^}]*\} (\S+)$", text, re.M)
     )
+    passes = re.search(rb"^nulltickets_prune_passes_total (\S+)$", text, re.M)
+    return rows, int(float(passes.group(1))) if passes else 0
+
+
+def pruned(port: int) -> int:
+    return counters(Http(port))[0]
 
 
 def size(db: str) -> dict[str, int]:
@@ -168,6 +254,9 @@ def size(db: str) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     p.add_argument("--db", help="SQLite file or postgresql:// URL (default: a temporary file)")
+    p.add_argument(
+        "--postgres", action="store_true", help="on a throwaway PostgreSQL cluster of its own"
+    )
     p.add_argument("--cycles", type=int, default=500_000)
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--agents", type=int, default=8)
@@ -176,9 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prune-interval", default="2s")
     p.add_argument("--durability", default="normal")
     p.add_argument("--every", type=float, default=30.0, help="seconds between lines")
+    p.add_argument("--watch", type=float, default=0.2, help="seconds between reads of /metrics")
     args = p.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="nulltickets-soak-"))
+    cluster = None
+    if args.postgres:
+        from benchmarks.pgcluster import start_postgres
+
+        cluster = start_postgres()
+        args.db = cluster.dsn(cluster.create_database())
     db = args.db or str(workdir / "soak.db")
     port = free_port()
     cmd = [
@@ -213,21 +309,32 @@ def main(argv: list[str] | None = None) -> int:
             )
             t.start()
             threads.append(t)
+        watch = PruneWatch(port, args.watch)
+        watch.thread.start()
         started = time.monotonic()
         last_cycles, last_at, last_pruned = 0, started, 0
         figures: list[dict[str, Any]] = []
+        pending: list[Claim] = []
+        during: list[float] = []  # every claim of the run, split
+        besides: list[float] = []
         print(f"soak: {args.agents} agents, retention {args.retention}, database {db}", flush=True)
         while True:
             time.sleep(args.every)
             now = time.monotonic()
             cycles, claims = stats.take()
+            pruning, idle, pending = watch.split(pending + claims)
+            during += pruning
+            besides += idle
             total_pruned = pruned(port)
+            took = [t for _, t in claims]
             row = {
                 "minutes": round((now - started) / 60, 2),
                 "cycles": cycles,
                 "cycles_per_s": round((cycles - last_cycles) / (now - last_at), 1),
-                "claim_p50_ms": round(pct(claims, 0.5) * 1000, 2),
-                "claim_p99_ms": round(pct(claims, 0.99) * 1000, 2),
+                "claim_p50_ms": round(pct(took, 0.5) * 1000, 2),
+                "claim_p99_ms": round(pct(took, 0.99) * 1000, 2),
+                "claims_pruning": latency(pruning),
+                "claims_idle": latency(idle),
                 "pruned_rows": total_pruned - last_pruned,
                 "errors": stats.errors,
                 **size(db),
@@ -237,7 +344,16 @@ def main(argv: list[str] | None = None) -> int:
             last_cycles, last_at, last_pruned = cycles, now, total_pruned
             if cycles >= args.cycles or now - started >= args.minutes * 60:
                 break
-        print(json.dumps({"summary": figures[-1], "lines": len(figures)}), flush=True)
+        watch.stop.set()
+        summary = {
+            **figures[-1],
+            "retention": args.retention,
+            "prune_passes": len(watch.windows),
+            "seconds_pruning": round(sum(b - a for a, b in watch.windows), 1),
+            "claims_pruning": latency(during),
+            "claims_idle": latency(besides),
+        }
+        print(json.dumps({"summary": summary, "lines": len(figures)}), flush=True)
     finally:
         stop.set()
         for t in threads:
@@ -248,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-    if args.db is None:
+        if cluster is not None:
+            cluster.stop()
+    if args.db is None or cluster is not None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

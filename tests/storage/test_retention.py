@@ -4,13 +4,17 @@ newer), the export of those rows, loose spans, recorded answers, and giving page
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nulltickets.domain.model import SpanRow
-from nulltickets.service.retention import Pruner, PruneReport
+from nulltickets.service.retention import Export, Pruner, PruneReport, Stopped
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, claimed, covers, make_pipeline, make_task, new_id
@@ -30,6 +34,13 @@ def span(task_id: str | None, run_id: str | None) -> SpanRow:
 def finish(b: Backend, role: str, stage: str, now: int, *, event: bool = True) -> str:
     """Claim the next task of `role`, record an event, an artifact and a span of its run, and
     move it to `stage` at `now`; its id."""
+    return finish_run(b, role, stage, now, event=event)[0]
+
+
+def finish_run(
+    b: Backend, role: str, stage: str, now: int, *, event: bool = True
+) -> tuple[str, str]:
+    """`finish`; the task's id and its run's."""
     got = claimed(b, role, now=NOW)
     if event:
         b.insert_event(got.run_id, "progress", '{"n":1}', NOW + 1)
@@ -42,7 +53,7 @@ def finish(b: Backend, role: str, stage: str, now: int, *, event: bool = True) -
     assert b.end_run(got.run_id, "completed", '{"tokens":7}', None, now)
     b.delete_lease(got.lease_id)
     assert b.move_task(got.task.id, stage, got.task.task_version, now)
-    return got.task.id
+    return got.task.id, got.run_id
 
 
 def world(b: Backend) -> dict[str, Any]:
@@ -304,3 +315,83 @@ def test_one_server_prunes_at_a_time_on_a_shared_database(
         release.set()
         thread.join()
     assert second.write_sync(lambda b: b.try_prune_lock()) is True  # released with its unit
+
+
+def test_batches_bounded_by_time_still_delete_every_old_finished_task_whole(
+    database: Database, tmp_path: Path
+) -> None:
+    """A time per batch that no task fits in: each batch then takes one task, and the pass
+    still deletes every finished task older than the cutoff, never a live one; between two
+    batches each task is whole (its run and event with it) or gone with all of its history,
+    and the export holds every row once."""
+
+    def fill(b: Backend) -> tuple[list[tuple[str, str]], str]:
+        p = make_pipeline(b, "a")
+        done: list[tuple[str, str]] = []
+        for _ in range(12):
+            make_task(b, p, now=NOW)
+            done.append(finish_run(b, "a", "done", OLD))
+        return done, make_task(b, p, now=NOW)
+
+    done, queued = database.write_sync(fill)
+
+    def whole_or_gone(b: Backend) -> list[str]:
+        wrong = []
+        for task_id, run_id in done:
+            task, run = b.task_exists(task_id), b.run_status(run_id) is not None
+            events = len(b.list_events(run_id, 0, 10)) if run else 0
+            if (task, run, events) not in ((True, True, 1), (False, False, 0)):
+                wrong.append(task_id)
+        return wrong
+
+    seen: list[list[str]] = []
+
+    def between() -> bool:  # asked before each batch
+        seen.append(database.read_sync(whole_or_gone))
+        return False
+
+    export = Export(str(tmp_path / "x.jsonl"))
+    try:
+        report = Pruner(database, export, batch_s=0.0, stopping=between).prune(CUTOFF, vacuum=False)
+    finally:
+        export.close()
+    assert report.deleted["tasks"] == len(done)
+    assert report.batches >= len(done)  # one task a batch
+    assert len(seen) > len(done) and not any(seen)
+    assert not any(database.read_sync(lambda b: [b.task_exists(t) for t, _ in done]))
+    assert database.read_sync(lambda b: b.task_exists(queued))
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    tasks = [r["row"]["id"] for r in rows if r["table"] == "tasks"]
+    assert sorted(tasks) == sorted(t for t, _ in done)
+
+
+def test_batches_run_as_writes_of_a_servers_loop_and_give_up_when_it_stops(
+    database: Database,
+) -> None:
+    """A server's pruner hands each batch to its event loop's writer: the pass deletes what a
+    pass from its own thread would. A server stopping while a batch waits for a loop that no
+    longer runs ends the pass at once (Stopped), without waiting for ever."""
+
+    def fill(b: Backend) -> list[str]:
+        p = make_pipeline(b, "a", stages=(("todo", "a", False), ("done", None, True)))
+        return [make_task(b, p, stage="done", now=NOW) for _ in range(30)]
+
+    ids = database.write_sync(fill)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        report = Pruner(database, batch=10, loop=loop).prune(CUTOFF, vacuum=False)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    assert report.deleted["tasks"] == len(ids)
+    assert not any(database.read_sync(lambda b: [b.task_exists(i) for i in ids]))
+
+    more = database.write_sync(fill)
+    asked = iter([False])  # running at the first batch, stopping from then on
+    pruner = Pruner(database, loop=loop, stopping=lambda: next(asked, True))
+    with pytest.raises(Stopped):
+        pruner.prune(CUTOFF, vacuum=False)
+    loop.close()
+    assert all(database.read_sync(lambda b: [b.task_exists(i) for i in more]))

@@ -90,14 +90,15 @@ class App:
         loop.create_task(prometheus.prime(ctx))
         self._upkeep = loop.create_task(self._maintain())
         if self.settings.retention_s is not None:
-            # A thread of its own: each batch is a short transaction of its own, and an export
-            # file's fsync never runs on the loop's thread.
+            # A thread of its own: each batch is a short transaction of its own (on SQLite, a
+            # job of this loop's writer), and an export file's fsync never runs on the loop.
             ctx.retention = RetentionJob(
                 db,
                 self.settings.retention_s,
                 self.settings.prune_interval_s,
                 service.clock,
                 export=self.settings.retention_export,
+                loop=loop,
             )
             ctx.retention.start()
         if not self.owns_process:
