@@ -26,7 +26,8 @@ Sections (--sections picks some, comma-separated; all by default):
 
 --baseline REV runs the cycle section's rows for the revision REV too (a temporary git
 worktree served by this Python), interleaved with this tree's runs (REV, tree, REV, tree, ...),
-and prints both with their ratio (benchmarks/baseline.py).
+and prints both with their ratio and the server's CPU per cycle (benchmarks/baseline.py); with
+the postgres section also chosen, the same rows on PostgreSQL (one server, `full`) as well.
 
 No figure is asserted: machines are shared and noisy. Each HTTP cycle figure is the median of
 three runs (`--rounds`), each on a fresh server and database. The agents are the native load client
@@ -38,12 +39,15 @@ the bottleneck.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +103,26 @@ def parse_sections(text: str) -> list[str]:
 
 
 def cycle_with_baseline(
-    work: Path, rev: str, agents_list: tuple[int, ...], tasks_for: Any, rounds: int
+    work: Path,
+    rev: str,
+    agents_list: tuple[int, ...],
+    tasks_for: Any,
+    rounds: int,
+    *,
+    postgres: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The cycle rows, each round of each row run first on `rev` and then on this tree."""
+    """The cycle rows, each round of each row run first on `rev` and then on this tree. With
+    `postgres`, the same on PostgreSQL too (one server, `full`, a fresh database of one
+    throwaway cluster for each run), with the servers' CPU per cycle beside the rates."""
     from benchmarks.baseline import BaselineTree, common_core, compare, core_env
     from nulltickets import core
 
     this_python = [sys.executable, "-m", "nulltickets"]  # both sides: no NULLTICKETS_BINARY
     print(f"  checking out {rev} and building its core", flush=True)
-    with BaselineTree(rev, build_core=core.IMPLEMENTATION == "compiled") as tree:
+    with (
+        BaselineTree(rev, build_core=core.IMPLEMENTATION == "compiled") as tree,
+        ExitStack() as stack,
+    ):
         shared = common_core(core.IMPLEMENTATION, tree.core)
         tree.probe(shared)  # the checkout imports from itself
         before_env, after_env = tree.env(shared), core_env(shared)
@@ -119,23 +134,61 @@ def cycle_with_baseline(
             )
         elif tree.build_note:
             info["note"] = f"{rev}'s compiled core: {tree.build_note}."
+
+        def sqlite_run(env: dict[str, str], agents: int, tasks: int) -> dict[str, Any]:
+            return cycle(work, agents, tasks, "normal", env=env, cmd=this_python)
+
+        sides: list[tuple[str, Any]] = [("sqlite", sqlite_run)]
+        if postgres:
+            from benchmarks.cycle import measure
+            from benchmarks.harness import BenchServer
+            from benchmarks.pgcluster import PostgresUnavailable, start_postgres
+
+            try:
+                cluster = stack.enter_context(closing_cluster(start_postgres()))
+            except PostgresUnavailable as exc:
+                info["postgres_error"] = str(exc)
+            else:
+
+                def postgres_run(env: dict[str, str], agents: int, tasks: int) -> dict[str, Any]:
+                    dsn = cluster.dsn(cluster.create_database())
+                    log = work / f"baseline-pg-{dsn[-8:]}.log"
+                    with BenchServer(
+                        dsn, durability="full", log=log, env=env, cmd=this_python
+                    ) as s:
+                        m = measure([s], agents, tasks, postgres_cpu=cluster.cpu_s)
+                    return {"engine": "postgresql", "durability": "full", **m}
+
+                sides.append(("postgresql", postgres_run))
         rows = []
-        for agents in agents_list:
-            before, after = [], []
-            for _ in range(rounds):
-                tasks = tasks_for(agents)
-                before.append(cycle(work, agents, tasks, "normal", env=before_env, cmd=this_python))
-                after.append(cycle(work, agents, tasks, "normal", env=after_env, cmd=this_python))
-            row = median_run(after)
-            rows.append(row)
-            info["rows"].append(compare(median_run(before), row))
-            c = info["rows"][-1]
-            print(
-                f"  {agents:>3} agents: {c['before_cycles_per_s']:>8.0f} cycles/s at {rev}, "
-                f"{c['after_cycles_per_s']:>8.0f} here (ratio {c['ratio']})",
-                flush=True,
-            )
+        for engine, run in sides:
+            for agents in agents_list:
+                before, after = [], []
+                for _ in range(rounds):
+                    tasks = tasks_for(agents)
+                    before.append(run(before_env, agents, tasks))
+                    after.append(run(after_env, agents, tasks))
+                row = median_run(after)
+                if engine == "sqlite":
+                    rows.append(row)
+                info["rows"].append({"engine": engine, **compare(median_run(before), row)})
+                c = info["rows"][-1]
+                print(
+                    f"  {engine} {agents:>3} agents: {c['before_cycles_per_s']:>8.0f} cycles/s "
+                    f"at {rev}, {c['after_cycles_per_s']:>8.0f} here (ratio {c['ratio']}); "
+                    f"server CPU {c['before_server_cpu_ms']} -> {c['after_server_cpu_ms']} "
+                    "ms/cycle",
+                    flush=True,
+                )
     return rows, info
+
+
+@contextlib.contextmanager
+def closing_cluster(cluster: Any) -> Iterator[Any]:
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 try:
                     results["cycle"], results["baseline"] = cycle_with_baseline(
-                        work, args.baseline, agents_list, tasks_for, rounds
+                        work,
+                        args.baseline,
+                        agents_list,
+                        tasks_for,
+                        rounds,
+                        postgres="postgres" in sections,
                     )
                 except BaselineError as exc:  # no git, no such revision: the rest still runs
                     print(f"  no comparison with {args.baseline}: {exc}", flush=True)

@@ -1,5 +1,5 @@
-"""The SQLite cycle rows of an earlier revision beside the working tree's, measured in the same
-run (`python -m benchmarks --baseline REV`).
+"""The cycle rows of an earlier revision beside the working tree's, measured in the same run
+(`python -m benchmarks --baseline REV`): SQLite's, and with the postgres section PostgreSQL's.
 
 The revision is checked out with `git worktree add` into a temporary folder (removed again
 afterwards, with its worktree entry) and served by this same Python and its installed
@@ -194,6 +194,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "before_rounds_cycles_per_s": before["rounds_cycles_per_s"],
         "after_rounds_cycles_per_s": after["rounds_cycles_per_s"],
         "exactly_once": before["completed_exactly_once"] and after["completed_exactly_once"],
+        "before_server_cpu_ms": before.get("server_cpu_ms_per_cycle"),
+        "after_server_cpu_ms": after.get("server_cpu_ms_per_cycle"),
     }
 
 
@@ -202,18 +204,23 @@ def render(b: dict[str, Any]) -> list[str]:
     if "error" in b:
         return [f"No comparison with {b['rev']}: {b['error']}"]
     lines = [
-        f"SQLite cycle rows of {b['rev']} ({b['commit'][:9]}) beside this tree, interleaved "
+        f"Cycle rows of {b['rev']} ({b['commit'][:9]}) beside this tree, interleaved "
         f"runs ({b['core']} core on both sides):",
         "",
-        "| agents | durability | before cycles/s | after cycles/s | after/before | "
-        "runs before | runs after |",
-        "|---:|---|---:|---:|---:|---|---|",
+        "| engine | agents | durability | before cycles/s | after cycles/s | after/before | "
+        "server CPU ms/cycle before / after | runs before | runs after |",
+        "|---|---:|---|---:|---:|---:|---|---|---|",
     ]
     for row in b["rows"]:
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "n/a"
+        cpu = " / ".join(
+            "-" if v is None else f"{v:.2f}"
+            for v in (row.get("before_server_cpu_ms"), row.get("after_server_cpu_ms"))
+        )
         lines.append(
-            f"| {row['agents']} | {row['durability']} | {row['before_cycles_per_s']:.0f} | "
-            f"{row['after_cycles_per_s']:.0f} | {ratio} | "
+            f"| {row.get('engine', 'sqlite')} | {row['agents']} | {row['durability']} | "
+            f"{row['before_cycles_per_s']:.0f} | {row['after_cycles_per_s']:.0f} | {ratio} | "
+            f"{cpu} | "
             + ", ".join(f"{v:.0f}" for v in row["before_rounds_cycles_per_s"])
             + " | "
             + ", ".join(f"{v:.0f}" for v in row["after_rounds_cycles_per_s"])
@@ -221,4 +228,6 @@ def render(b: dict[str, Any]) -> list[str]:
         )
     if b.get("note"):
         lines.append(f"\n{b['note']}")
+    if b.get("postgres_error"):
+        lines.append(f"\nNo PostgreSQL rows: {b['postgres_error']}")
     return lines

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from nulltickets.domain.clock import wall_ms
@@ -31,16 +32,9 @@ def db(pg_shared_dsn: str) -> Iterator[PostgresDatabase]:
 
 
 def run(main: Callable[[], Any], db: PostgresDatabase) -> Any:
-    """`main()` on a loop of its own, as a server's worker runs its requests; the loop's pools
-    closed before it ends."""
-
-    async def then_close() -> Any:
-        try:
-            return await main()
-        finally:
-            await db.close_loop_pools()
-
-    return asyncio.run(then_close())
+    """`main()` on a loop of its own, as a server's worker runs its requests (or a tool's
+    `asyncio.run`): nothing of the database is left to that loop when it ends."""
+    return asyncio.run(main())
 
 
 def test_units_run_in_the_loops_thread_and_wait_for_each_other_there(
@@ -157,6 +151,43 @@ def test_after_a_restart_the_loops_pool_runs_the_unit_again_on_a_fresh_connectio
         return await db.write(lambda b: tracker.claim(b, Claim("a", role), wall_ms()))
 
     assert run(main, db) is not None
+
+
+def test_connections_made_on_one_loop_serve_the_next_and_close_with_the_database(
+    pg_shared_dsn: str,
+) -> None:
+    """Each asyncio.run is a loop of its own; the connections one made serve the next (no
+    task of the pool outlives its loop), and closing the database closes them all."""
+    database = PostgresDatabase(pg_shared_dsn)
+    database.open()
+
+    def pid(b: PostgresBackend) -> int:
+        row = b.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    first = run(lambda: database.write(pid), database)
+    second = run(lambda: database.write(pid), database)
+    assert first == second
+    database.close()
+    with psycopg.connect(pg_shared_dsn) as conn:
+        alive = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (first,))
+        found = alive.fetchone()
+        assert found is not None
+    assert found[0] == 0 or wait_gone(pg_shared_dsn, first)
+
+
+def wait_gone(dsn: str, pid: int) -> bool:
+    from tests.conftest import wait_for
+
+    def gone() -> bool:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            found = row.fetchone()
+            return found is not None and found[0] == 0
+
+    wait_for("the closed connection's backend to end", gone)
+    return True
 
 
 def test_a_closed_database_is_unavailable_to_the_loop(pg_shared_dsn: str) -> None:

@@ -85,12 +85,22 @@ def test_the_comparison_table_names_the_revision_core_and_ratio() -> None:
         "rev": "ea98929",
         "commit": "ea98929f3c7a17e3806cacf3eec6c6572a6bdda4",
         "core": "compiled",
-        "rows": [compare(row(2000.0, agents=4), row(2100.0, agents=4))],
+        "rows": [
+            compare(row(2000.0, agents=4), row(2100.0, agents=4)),
+            {
+                "engine": "postgresql",
+                **compare(
+                    {**row(300.0, agents=16), "server_cpu_ms_per_cycle": 1.84},
+                    {**row(330.0, agents=16), "server_cpu_ms_per_cycle": 1.756},
+                ),
+            },
+        ],
     }
     text = "\n".join(render_baseline(info))
     assert "ea98929 (ea98929f3)" in text
     assert "compiled core on both sides" in text
-    assert "| 4 | normal | 2000 | 2100 | 1.05 | 2000 | 2100 |" in text
+    assert "| sqlite | 4 | normal | 2000 | 2100 | 1.05 | - / - | 2000 | 2100 |" in text
+    assert "| postgresql | 16 | normal | 300 | 330 | 1.10 | 1.84 / 1.76 | 300 | 330 |" in text
 
 
 def test_both_sides_run_the_compiled_core_only_when_both_have_it() -> None:

@@ -52,29 +52,12 @@ from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
 from nulltickets.storage.postgres.green import GreenConnection
 from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
+from nulltickets.storage.postgres.pool import LoopPool
 
 log = logging.getLogger("nulltickets.storage")
 
 T = TypeVar("T")
 
-
-class _LoopPool:
-    """A pool of asyncio connections and its queue: as many units of work as it has
-    connections ask it for one at a time, the others wait their turn before it, for as long as
-    it takes (as the threads' units waited for a thread). Only a unit that has asked waits
-    POOL_TIMEOUT_S at most, then hears 503: a busy server queues, one whose PostgreSQL is gone
-    says so."""
-
-    __slots__ = ("pool", "turn")
-
-    def __init__(
-        self, pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]], size: int
-    ) -> None:
-        self.pool = pool
-        self.turn = asyncio.Semaphore(size)
-
-
-_AsyncPools = tuple[_LoopPool, _LoopPool]
 
 CAPABILITIES = Capabilities(
     name="postgresql",
@@ -87,8 +70,6 @@ CAPABILITIES = Capabilities(
 # for a busy pool, short enough that a client hears "unavailable" while PostgreSQL restarts.
 POOL_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 3
-# How long closing waits for the connections in use to come back to their pool.
-POOL_CLOSE_S = 5.0
 # Retries of a whole unit of work: after a serialization failure, deadlock or lost race.
 RACE_RETRIES = 8
 # ... and after its connection died before COMMIT (the pool checks its idle ones first).
@@ -183,9 +164,9 @@ class PostgresDatabase:
         self._writers = max(1, writers)
         self._write_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._read_pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
-        # The pools of units of work from the event loop (postgres.green), made on that loop
-        # by its first unit of work: (the loop, its opening, then (write pool, read pool)).
-        self._loop_pools: tuple[asyncio.AbstractEventLoop, asyncio.Task[_AsyncPools]] | None = None
+        # The asyncio connections of units of work from event loops (postgres.green).
+        self._loop_write = LoopPool(self._connect_writer, self._writers)
+        self._loop_read = LoopPool(self._connect_reader, self._readers)
         self._notifier = PostgresNotifier(url)
         self._rand = random.Random()
         self._lock = threading.Lock()
@@ -243,104 +224,27 @@ class PostgresDatabase:
             name="nulltickets-read",
             open=True,
         )
+        self._loop_write = LoopPool(self._connect_writer, self._writers)
+        self._loop_read = LoopPool(self._connect_reader, self._readers)
         self._notifier.start()
 
     def close(self) -> None:
         self._notifier.stop()
-        self._close_loop_pools()
+        self._loop_write.close()
+        self._loop_read.close()
         for pool in (self._read_pool, self._write_pool):
             if pool is not None:
                 pool.close()
         self._read_pool = self._write_pool = None
 
-    async def _pools(self) -> _AsyncPools:
-        """This loop's pools, opened by the first unit of work that asks (a database opened
-        before its loop runs, as a granian worker's is, has none until then)."""
-        if self._write_pool is None:
-            raise StorageUnavailable("the database is closed")
-        loop = asyncio.get_running_loop()
-        made = self._loop_pools
-        if made is None or made[0] is not loop:
-            if made is not None:  # another loop's (a test's earlier loop): not usable here
-                self._close_loop_pools()
-            made = self._loop_pools = (loop, loop.create_task(self._open_pools()))
-        return await asyncio.shield(made[1])
+    async def _connect_writer(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(self.url, **self._kwargs())
 
-    async def _open_pools(self) -> _AsyncPools:
-        async def reader(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-            await conn.set_read_only(True)
-
-        write: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]
-        write = psycopg_pool.AsyncConnectionPool(
-            self.url,
-            min_size=1,
-            max_size=self._writers,
-            kwargs=self._kwargs(),
-            timeout=POOL_TIMEOUT_S,
-            reconnect_timeout=24 * 3600,
-            name="nulltickets-write-async",
-            open=False,
-        )
-        read: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]
-        read = psycopg_pool.AsyncConnectionPool(
-            self.url,
-            min_size=1,
-            max_size=self._readers,
-            kwargs=self._kwargs(),
-            configure=reader,
-            timeout=POOL_TIMEOUT_S,
-            reconnect_timeout=24 * 3600,
-            name="nulltickets-read-async",
-            open=False,
-        )
-        await write.open()
-        await read.open()
-        return _LoopPool(write, self._writers), _LoopPool(read, self._readers)
-
-    def _close_loop_pools(self) -> None:
-        """Close the event loop's pools: on their loop when it is not running (a granian
-        worker's, after it served its last request), else from its thread; a closed loop's
-        connections close with the process."""
-        made = self._loop_pools
-        if made is None:
-            return
-        loop = made[0]
-        if loop.is_closed():
-            self._loop_pools = None
-            return
-        try:
-            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        try:
-            if current is loop:  # called on the loop itself: it closes them when it can
-                loop.create_task(self.close_loop_pools())
-            elif loop.is_running():
-                done = asyncio.run_coroutine_threadsafe(self.close_loop_pools(), loop)
-                done.result(POOL_CLOSE_S + 1)
-            else:
-                loop.run_until_complete(self.close_loop_pools())
-        except (Exception, asyncio.CancelledError) as exc:
-            log.debug("closing the pools failed: %s", exc)
-
-    async def close_loop_pools(self) -> None:
-        """Close the pools of the running loop, if they are this loop's: what a loop that is
-        about to end (asyncio.run's) awaits before it ends, as its pools' tasks would not
-        end when it cancels them."""
-        made = self._loop_pools
-        if made is None or made[0] is not asyncio.get_running_loop():
-            return
-        self._loop_pools = None
-        try:
-            pools = await made[1]
-        except BaseException:
-            return
-        for each in pools:
-            try:
-                await each.pool.close(timeout=POOL_CLOSE_S)
-            except (Exception, asyncio.CancelledError) as exc:  # its tasks were cancelled
-                log.debug("closing a pool failed: %s", exc)
+    async def _connect_reader(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self.url, **self._kwargs())
+        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await conn.set_read_only(True)
+        return conn
 
     def stats(self) -> StorageStats:
         """What /metrics shows for this process: the units of work retried and the time of
@@ -360,14 +264,13 @@ class PostgresDatabase:
     async def write(self, job: Callable[[PostgresBackend], T]) -> T:
         """`job` in a transaction of its own on this loop's pool (postgres.green: no thread),
         again when a retry settles its failure."""
-        loop_pool = (await self._pools())[0]
-        pool = loop_pool.pool
+        pool = self._open(self._loop_write)
         tries = _Tries()
         while True:
             committing = False
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                async with loop_pool.turn, pool.connection() as conn:
+                async with pool.connection() as conn:
                     try:
                         result: T = await green.run(
                             _unit, job, PostgresBackend(GreenConnection(conn), writing=True)
@@ -389,17 +292,16 @@ class PostgresDatabase:
                 if again:
                     await asyncio.sleep(again)
                 else:
-                    await self._check_async(pool)
+                    pool.discard_idle()
 
     async def read(self, job: Callable[[PostgresBackend], T]) -> T:
         """`job` in a read-only transaction (one snapshot) on this loop's pool."""
-        loop_pool = (await self._pools())[1]
-        pool = loop_pool.pool
+        pool = self._open(self._loop_read)
         tries = _Tries()
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                async with loop_pool.turn, pool.connection() as conn:
+                async with pool.connection() as conn:
                     try:
                         return await green.run(job, PostgresBackend(GreenConnection(conn)))
                     finally:
@@ -409,7 +311,7 @@ class PostgresDatabase:
                 again = self._again(exc, conn, False, tries)
                 if again is None:
                     raise
-                await self._check_async(pool)
+                pool.discard_idle()
 
     def write_sync(self, job: Callable[[PostgresBackend], T]) -> T:
         """`write` from a plain thread (retention, tools, tests), on a pool of its own."""
@@ -511,12 +413,10 @@ class PostgresDatabase:
         except Exception as exc:  # the pool is closing; the next getconn says so
             log.debug("pool check failed: %s", exc)
 
-    @staticmethod
-    async def _check_async(pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
-        try:
-            await pool.check()
-        except Exception as exc:
-            log.debug("pool check failed: %s", exc)
+    def _open(self, pool: LoopPool) -> LoopPool:
+        if pool.closed or self._write_pool is None:
+            raise StorageUnavailable("the database is closed")
+        return pool
 
 
 class _Tries:
