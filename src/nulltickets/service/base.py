@@ -29,7 +29,7 @@ from nulltickets.errors import (
     TaskLeased,
     TaskNotFound,
 )
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, StagePolicyRow
 from nulltickets.storage.ports import Notifier
 
 RESERVED_NAMESPACE = "search"
@@ -81,6 +81,9 @@ class TrackerBase:
         # Per trigger: how many pipelines had been read when its moves were found, and
         # (pipeline, from stage, to stage, the transition's instructions) of each.
         self._by_trigger: dict[str, tuple[int, list[tuple[str, str, str, str | None]]]] = {}
+        # How many pipelines had been read when the stage policies Leases._stage_policies
+        # sends were listed, and those.
+        self._policies: tuple[int, list[StagePolicyRow]] | None = None
         self._lock = threading.Lock()
         self._next_expiry = 0  # 0: unknown
         # Per role: the pipelines it was built from, (pipeline, stage, max_concurrency) of the
