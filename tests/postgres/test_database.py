@@ -443,7 +443,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
     first, token = claim(now)
     assert first.task.id == retried_id
     heard.clear()
-    unit(lambda b: tracker.fail(b, first.run.id, token, FailRun("boom"), now + 1))
+    unit(lambda b: tracker.fail_run(b, first.run.id, token, FailRun("boom"), now + 1))
     assert units[-1].committed_alone == "fail_run"
     wait_for("the retry's wake-up at its time", lambda: (role, now + 7_001) in heard)
     assert (role, 0) in heard  # and the capacity freed at once
@@ -466,7 +466,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
 
     second, token = claim(now + 2)
     assert second.task.id == dead_id
-    unit(lambda b: tracker.fail(b, second.run.id, token, FailRun("again"), now + 3))
+    unit(lambda b: tracker.fail_run(b, second.run.id, token, FailRun("again"), now + 3))
     assert units[-1].committed_alone == "fail_run"
     assert events(second.run.id) == [
         (
@@ -498,7 +498,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
 
     def keyed(b: PostgresBackend) -> Any:
         b.confirm_key(f"key-{role}")
-        return tracker.release(b, third.run.id, token, ReleaseRun("later"), now + 5)
+        return tracker.release_run(b, third.run.id, token, ReleaseRun("later"), now + 5)
 
     released = unit(keyed)
     assert (released.run_id, released.task_id) == (third.run.id, put_down_id)
@@ -511,13 +511,15 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
 
     # Refused ones (the lease is gone; another fence) change nothing and say why, step by step.
     with pytest.raises(LeaseNotFound):
-        unit(lambda b: tracker.release(b, third.run.id, token, ReleaseRun(), now + 6))
+        unit(lambda b: tracker.release_run(b, third.run.id, token, ReleaseRun(), now + 6))
     assert units[-1].committed_alone is None
     fourth, token = claim(now + 7)
     assert fourth.task.id == put_down_id
     with pytest.raises(LeaseSuperseded):
         unit(
-            lambda b: tracker.fail(b, fourth.run.id, token, FailRun("x", expected_fence=1), now + 8)
+            lambda b: tracker.fail_run(
+                b, fourth.run.id, token, FailRun("x", expected_fence=1), now + 8
+            )
         )
     assert units[-1].committed_alone is None
     assert db.read_sync(lambda b: b.run_by_id(fourth.run.id)).status == "running"

@@ -603,6 +603,7 @@ class Leases(TrackerBase):
         "/runs/{id}/fail",
         "Fail the run: retry later or dead-letter by the task's policy.",
         guard=Guard.LEASE,
+        name="fail",
         request=commands.FailRun,
         response=StatusBody,
         errors=(*LEASE_ERRORS, e.InvalidJson),
@@ -616,7 +617,7 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
-    def fail(self, b: Backend, run_id: str, token_hash: bytes, cmd: FailRun, now: int) -> None:
+    def fail_run(self, b: Backend, run_id: str, token_hash: bytes, cmd: FailRun, now: int) -> None:
         """End the run failed and retry or dead-letter its task. With the lease in order and
         the task's pipeline read by this process (nearly always), that is one call of
         `Backend.fail_run` (on PostgreSQL one statement); otherwise the lease is checked and
@@ -651,7 +652,7 @@ class Leases(TrackerBase):
                     )
                 return
         lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
-        self.fail_step_by_step(b, lease, cmd, now)
+        self.fail(b, lease, cmd, now)
 
     def _stage_policies(self) -> list[StagePolicyRow] | None:
         """The retry policy of every stage of the pipelines this process has read, as
@@ -682,7 +683,7 @@ class Leases(TrackerBase):
             return None
         return known[1]
 
-    def fail_step_by_step(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
+    def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
         """The failure step by step, under the lease checked."""
         task = b.get_task(lease.task_id)
         if task is None:
@@ -752,6 +753,7 @@ class Leases(TrackerBase):
         "/runs/{id}/release",
         "Put the task down on purpose: claimable again at once, not a failed attempt.",
         guard=Guard.LEASE,
+        name="release",
         request=commands.ReleaseRun,
         response=model.Released,
         errors=(*LEASE_ERRORS, e.InvalidJson),
@@ -766,7 +768,7 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
-    def release(
+    def release_run(
         self, b: Backend, run_id: str, token_hash: bytes, cmd: ReleaseRun, now: int
     ) -> Released:
         """Put the task down on purpose: claimable again at once, not a failed attempt. With
@@ -784,9 +786,9 @@ class Leases(TrackerBase):
                 self._signal(b, ended.pipeline_id, ended.stage)
             return Released("released", run_id, ended.task_id)
         lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
-        return self.released(b, lease, cmd, now)
+        return self.release(b, lease, cmd, now)
 
-    def released(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
+    def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
         """The release step by step, under the lease checked."""
         if not b.end_run(lease.run_id, RunStatus.RELEASED, "{}", cmd.reason, now):
             raise RunNotRunning()
@@ -814,5 +816,5 @@ class Leases(TrackerBase):
         for run_id in b.leases_of_agent(agent_id):
             lease = b.lease_by_run(run_id)
             if lease is not None and lease.expires_at_ms > now:
-                released.append(self.released(b, lease, ReleaseRun(reason or "agent paused"), now))
+                released.append(self.release(b, lease, ReleaseRun(reason or "agent paused"), now))
         return AgentReleased(agent_id, released)

@@ -835,7 +835,7 @@ payload AS (
     FROM woken AS w
 )
 SELECT
-    d.pipeline_id, d.task_id, d.stage, d.failed, d.dead, d.target, d.at,
+    d.pipeline_id, d.task_id, d.stage, d.failed, d.dead, CASE WHEN d.dead THEN d.target END, d.at,
     (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
     (
         SELECT count(*)
