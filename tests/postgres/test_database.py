@@ -440,11 +440,13 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
         got = db.read_sync(lambda b: b.list_events(run_id, 0, 10))
         return [(e.kind, msgspec.json.decode(bytes(e.data))) for e in got]
 
+    # This process has not read every pipeline (the other tests' are there): step by step,
+    # reading them; then each failure is one statement.
     first, token = claim(now)
     assert first.task.id == retried_id
     heard.clear()
     unit(lambda b: tracker.fail_run(b, first.run.id, token, FailRun("boom"), now + 1))
-    assert units[-1].committed_alone == "fail_run"
+    assert units[-1].committed_alone is None
     wait_for("the retry's wake-up at its time", lambda: (role, now + 7_001) in heard)
     assert (role, 0) in heard  # and the capacity freed at once
     assert events(first.run.id) == [
@@ -523,3 +525,20 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
         )
     assert units[-1].committed_alone is None
     assert db.read_sync(lambda b: b.run_by_id(fourth.run.id)).status == "running"
+    # A retry in one statement (the default backoff: the first at once), its wake-ups with it.
+    heard.clear()
+    retry = FailRun("x", expected_fence=2)
+    unit(lambda b: tracker.fail_run(b, fourth.run.id, token, retry, now + 9))
+    assert units[-1].committed_alone == "fail_run"
+    wait_for("the retry's wake-ups", lambda: sorted(heard) == [(role, 0), (role, now + 9)])
+    assert events(fourth.run.id) == [
+        (
+            "retry_scheduled",
+            {
+                "reason": "retry_scheduled",
+                "failed_attempts": 1,
+                "retry_delay_ms": 0,
+                "next_eligible_at_ms": now + 9,
+            },
+        )
+    ]

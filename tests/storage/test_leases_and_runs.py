@@ -381,15 +381,13 @@ def stage_policies(
     max_delay: int | None = 5_000,
     jitter: float = 0.0,
 ) -> tuple[StagePolicyRow, ...]:
-    """What Backend.fail_run is given of the pipeline of make_pipeline (and of another)."""
+    """What Backend.fail_run is given of the policy of make_pipeline's `todo` (a row only when
+    it has one) and of another pipeline's."""
     policy = (delay, backoff, max_delay, jitter)
-    return (
-        ("other", "todo", 1, 1.0, None, 0.0),
-        (pipeline_id, "todo", *policy),
-        (pipeline_id, "review", None, 1.0, None, 0.0),
-        (pipeline_id, "done", None, 1.0, None, 0.0),
-        (pipeline_id, "dead", None, 1.0, None, 0.0),
-    )
+    other: StagePolicyRow = ("other", "todo", 1, 1.0, None, 0.0)
+    if policy == (None, 1.0, None, 0.0):
+        return (other,)
+    return other, (pipeline_id, "todo", *policy)
 
 
 def fail(
@@ -399,23 +397,31 @@ def fail(
     token: bytes | None = None,
     fence: int | None = None,
     retryable: bool | None = None,
-    stages: tuple[StagePolicyRow, ...] = (),
+    known: int | None = None,
+    unreadable: tuple[str, ...] = (),
+    policies: tuple[StagePolicyRow, ...] = (),
     rand: float = 0.5,
     now: int = NOW + 10,
 ) -> Failed | None:
-    return database.write_sync(  # type: ignore[no-any-return]
-        lambda b: b.fail_run(
+    """Backend.fail_run of the claim's run; `known`: how many pipelines the caller has read
+    (None: all there are)."""
+
+    def job(b: Backend) -> Failed | None:
+        return b.fail_run(
             run_id=got.run_id,
             token_hash=got.token_hash if token is None else token,
             fence=fence,
             usage_json='{"tokens":3}',
             error="boom",
             retryable=retryable,
-            stages=stages,
+            known_pipelines=len(b.list_pipelines()) if known is None else known,
+            unreadable=unreadable,
+            policies=policies,
             rand=rand,
             now=now,
         )
-    )
+
+    return database.write_sync(job)  # type: ignore[no-any-return]
 
 
 def events_of(database: Database, run_id: str) -> list[tuple[str, int, Any]]:
@@ -441,15 +447,17 @@ def test_a_whole_failure_needs_the_lease_and_the_stages_policy_then_retries_and_
     pipeline_id, task_id = database.write_sync(job)
     stages = stage_policies(pipeline_id)
     got = database.write_sync(lambda b: claimed(b, ttl=1_000))
-    assert fail(database, got, stages=stages, token=b"x" * 32) is None
-    assert fail(database, got, stages=stages, fence=2) is None
-    assert fail(database, got, stages=stages, now=NOW + 1_000) is None  # expired
-    assert fail(database, got, stages=stages[:1] + stages[2:]) is None  # no policy of its stage
+    assert fail(database, got, policies=stages, token=b"x" * 32) is None
+    assert fail(database, got, policies=stages, fence=2) is None
+    assert fail(database, got, policies=stages, now=NOW + 1_000) is None  # expired
+    pipelines = database.read_sync(lambda b: len(b.list_pipelines()))
+    assert fail(database, got, policies=stages, known=pipelines - 1) is None  # one not read
+    assert fail(database, got, policies=stages, unreadable=(pipeline_id,)) is None
     lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
     assert lease is not None and lease.run_status == "running"  # nothing changed
     assert events_of(database, got.run_id) == []
 
-    failed = fail(database, got, stages=stages, fence=1)
+    failed = fail(database, got, policies=stages, fence=1)
     assert failed is not None
     assert (failed.pipeline_id, failed.task_id, failed.stage, failed.failed_attempts) == (
         pipeline_id,
@@ -479,17 +487,17 @@ def test_a_whole_failure_needs_the_lease_and_the_stages_policy_then_retries_and_
         "next_eligible_at_ms": NOW + 1_010,
     }
     assert events_of(database, got.run_id) == [("retry_scheduled", NOW + 10, retry)]
-    assert fail(database, got, stages=stages) is None  # once
+    assert fail(database, got, policies=stages) is None  # once
 
     # The second failure: twice the delay (the backoff); the third: dead-lettered.
     got = database.write_sync(lambda b: claimed(b, now=NOW + 2_000))
-    failed = fail(database, got, stages=stages, now=NOW + 2_010)
+    failed = fail(database, got, policies=stages, now=NOW + 2_010)
     assert failed is not None and (failed.failed_attempts, failed.next_eligible_at_ms) == (
         2,
         NOW + 4_010,
     )
     got = database.write_sync(lambda b: claimed(b, now=NOW + 5_000))
-    failed = fail(database, got, stages=stages, now=NOW + 5_010)
+    failed = fail(database, got, policies=stages, now=NOW + 5_010)
     assert failed is not None
     assert (failed.failed_attempts, failed.dead_lettered, failed.dead_letter_stage) == (
         3,
@@ -520,9 +528,10 @@ def test_a_whole_failure_needs_the_lease_and_the_stages_policy_then_retries_and_
 @covers("Backend.fail_run")
 def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database) -> None:
     """The delay of Backend.fail_run on every backend: the default backoff when neither the
-    task nor its stage sets one, the task's own delay first (0 set on purpose: none), the
-    jitter placed by `rand`, the cap; `retryable` false dead-letters at once, and a
-    dead-letter stage that is not one of its pipeline leaves the task where it is."""
+    task nor its stage sets one (the stage has no row in `policies`), the task's own delay
+    first (0 set on purpose: none), the jitter placed by `rand`, the cap; `retryable` false
+    dead-letters at once, and a dead-letter stage that is not one of its pipeline's leaves
+    the task where it is."""
 
     def attempt(
         delay: int | None = 1_000,
@@ -542,7 +551,7 @@ def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database
         for _ in range(failures):
             got = database.write_sync(lambda b, now=now: claimed(b, role, now=now))
             assert got.task.id == task_id
-            failed = fail(database, got, stages=stages, rand=rand, retryable=retryable, now=now)
+            failed = fail(database, got, policies=stages, rand=rand, retryable=retryable, now=now)
             assert failed is not None
             now = max(failed.next_eligible_at_ms, now + 1)
         events = events_of(database, got.run_id)
@@ -705,7 +714,9 @@ def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Databas
             usage_json="{}",
             error="boom",
             retryable=None,
-            stages=stage_policies(got.task.pipeline_id),
+            known_pipelines=1,
+            unreadable=(),
+            policies=stage_policies(got.task.pipeline_id),
             rand=0.5,
             now=NOW + 1,
         )

@@ -67,7 +67,7 @@ from nulltickets.storage.backend import Backend, Claimed, NewPipeline, StagePoli
 MAX_TRIGGERS = 256
 MAX_MOVES = 64
 # The most stage policies Leases._stage_policies sends with a failure.
-MAX_STAGE_POLICIES = 512
+MAX_STAGE_POLICIES = 256
 
 
 def _transition_data(trigger: str, from_stage: str, to_stage: str, instructions: str | None) -> str:
@@ -622,12 +622,12 @@ class Leases(TrackerBase):
         the task's pipeline read by this process (nearly always), that is one call of
         `Backend.fail_run` (on PostgreSQL one statement); otherwise the lease is checked and
         the failure decided step by step, which says what is wrong, if anything."""
-        stages = self._stage_policies()
+        known = self._stage_policies()
         try:
             usage = compact_json(cmd.usage, "{}") or "{}"
         except InvalidJson:
-            usage, stages = "", None  # said after the lease's errors, below
-        if stages is not None:
+            usage, known = "", None  # said after the lease's errors, below
+        if known is not None:
             failed = b.fail_run(
                 run_id=run_id,
                 token_hash=token_hash,
@@ -635,7 +635,9 @@ class Leases(TrackerBase):
                 usage_json=usage,
                 error=cmd.error,
                 retryable=cmd.retryable,
-                stages=stages,
+                known_pipelines=known[0],
+                unreadable=known[1],
+                policies=known[2],
                 rand=self._rand(),
                 now=now,
             )
@@ -653,35 +655,38 @@ class Leases(TrackerBase):
                 return
         lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
         self.fail(b, lease, cmd, now)
+        if known is not None:  # the lease was in order: a pipeline this process has not read
+            self._read_every_pipeline(b)
 
-    def _stage_policies(self) -> list[StagePolicyRow] | None:
-        """The retry policy of every stage of the pipelines this process has read, as
-        (pipeline, stage, retry_delay_ms, backoff, max delay, jitter): what
-        Backend.fail_run decides from. None when there are too many to send: the failure then
-        goes step by step, reading the pipeline it needs."""
+    def _stage_policies(self) -> tuple[int, list[str], list[StagePolicyRow]] | None:
+        """How many pipelines this process has read, those whose definition it could not
+        parse, and the retry policies of the others' stages that have one, as (pipeline,
+        stage, retry_delay_ms, backoff, max delay, jitter): what Backend.fail_run decides from
+        (it goes on only when there are that many pipelines, and the task's is parsed). None
+        when the policies are too many to send: the failure then goes step by step."""
         pipelines = self._pipelines
         known = self._policies
         if known is None or known[0] != len(pipelines):
+            unreadable: list[str] = []
             rows: list[StagePolicyRow] = []
             for pipeline_id, pipeline in list(pipelines.items()):
                 if pipeline is None:
+                    unreadable.append(pipeline_id)
                     continue
                 for name in pipeline.states:
                     policy = pipeline.policy(name)
-                    rows.append(
-                        (
-                            pipeline_id,
-                            name,
-                            policy.retry_delay_ms,
-                            policy.retry_backoff,
-                            policy.retry_max_delay_ms,
-                            policy.retry_jitter,
-                        )
+                    retry = (
+                        policy.retry_delay_ms,
+                        policy.retry_backoff,
+                        policy.retry_max_delay_ms,
+                        policy.retry_jitter,
                     )
-            known = self._policies = (len(pipelines), rows)
-        if len(known[1]) > MAX_STAGE_POLICIES:
+                    if retry != (None, 1.0, None, 0.0):
+                        rows.append((pipeline_id, name, *retry))
+            known = self._policies = (len(pipelines), unreadable, rows)
+        if len(known[1]) + len(known[2]) > MAX_STAGE_POLICIES:
             return None
-        return known[1]
+        return known
 
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
         """The failure step by step, under the lease checked."""

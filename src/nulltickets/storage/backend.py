@@ -126,9 +126,11 @@ class Ended:
     notified: bool
 
 
-# What Backend.fail_run is given of a stage: (pipeline, stage, its retry_delay_ms or None,
-# retry_backoff, retry_max_delay_ms or None, retry_jitter).
+# What Backend.fail_run is given of a stage with a retry policy: (pipeline, stage, its
+# retry_delay_ms or None, retry_backoff, retry_max_delay_ms or None, retry_jitter).
 StagePolicyRow = tuple[str, str, int | None, float, int | None, float]
+# The retry policy of a stage that sets none (fsm.NO_POLICY's).
+_NO_RETRY_POLICY: tuple[int | None, float, int | None, float] = (None, 1.0, None, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,28 +745,35 @@ class Backend:
         usage_json: str,
         error: str | None,
         retryable: bool | None,
-        stages: Sequence[StagePolicyRow],
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
         rand: float,
         now: int,
     ) -> Failed | None:
         """A failed attempt in one go: when run `run_id` is running under a live lease held
-        with `token_hash` (with `fence`, when given) and `stages` holds the policy of its
-        task's (pipeline, stage): end the run failed with `usage_json` and `error`, delete the
-        lease, and, by the task's retry policy (its max_attempts, retry delay and dead-letter
-        stage; the stage's delay, backoff, cap and jitter, `rand` in [0, 1) placing the delay
-        in the jitter; core.decide_failure), dead-letter the task (at once when `retryable` is
-        false; into its dead-letter stage when `stages` has that stage of its pipeline) or
-        schedule its retry, and record the `dead_letter` or `retry_scheduled` event. None when
-        any of that is not so, and nothing was changed (the caller finds out why). Composed
-        here of the statements it names; a backend may run it as one statement (PostgreSQL:
-        fail_run), which also sends the wake-ups (Failed.notified)."""
+        with `token_hash` (with `fence`, when given), there are `known_pipelines` pipelines
+        (the caller read them all; `policies` are the retry policies of their stages that have
+        one, the others have none) and the task's is not one of `unreadable` (whose definition
+        could not be parsed): end the run failed with `usage_json` and `error`, delete
+        the lease, and, by the task's retry policy (its max_attempts, retry delay and
+        dead-letter stage; its stage's delay, backoff, cap and jitter, `rand` in [0, 1)
+        placing the delay in the jitter; core.decide_failure), dead-letter the task (at once
+        when `retryable` is false; into its dead-letter stage when that is a stage of its
+        pipeline) or schedule its retry, and record the `dead_letter` or `retry_scheduled`
+        event. None when any of that is not so, and nothing was changed (the caller finds out
+        why). Composed here of the statements it names; a backend may run it as one statement
+        (PostgreSQL: fail_run), which also sends the wake-ups (Failed.notified)."""
         lease = self.lease_by_run(run_id)
         if not _held(lease, token_hash, fence, now) or lease.run_status != "running":
             return None
-        found = [s for s in stages if s[0] == lease.pipeline_id and s[1] == lease.stage]
-        if not found:
+        if self._value("pipeline_count", {}) != known_pipelines:
+            return None  # one the caller has not read: its policies are not in `policies`
+        if lease.pipeline_id in unreadable:
             return None
-        _, stage, stage_delay, backoff, max_delay_ms, jitter = found[0]
+        stage = lease.stage
+        found = [p[2:] for p in policies if p[0] == lease.pipeline_id and p[1] == stage]
+        stage_delay, backoff, max_delay_ms, jitter = found[0] if found else _NO_RETRY_POLICY
         task = self.get_task(lease.task_id)
         assert task is not None  # the lease's task, in this unit of work
         # The lease is held and its run is running in this unit of work: the end cannot fail.
@@ -780,7 +789,9 @@ class Backend:
         allowed = 0 if retryable is False else task.max_attempts
         if allowed is not None and failed >= allowed:
             target = task.dead_letter_stage
-            if not any(s[0] == lease.pipeline_id and s[1] == target for s in stages):
+            if target is not None and not self._value(
+                "pipeline_has_stage", {"pipeline_id": lease.pipeline_id, "stage": target}
+            ):
                 target = None  # not a stage of the task's pipeline: it stays where it is
             reason = "not_retryable" if retryable is False else "max_attempts_exceeded"
             self.dead_letter_task(

@@ -643,13 +643,15 @@ WHERE (SELECT count(*) FROM recorded) = 1;
 -- fail_run --
 -- Backend.fail_run in one statement (its own transaction: see PostgresBackend.ALONE): the lease
 -- of lock_lease_by_run (task and lease locked, task first), only if it is held with
--- :token_hash, live, with :fence when given, and its run running; the policy of its task's
--- (pipeline, stage) from :stages, an array of [pipeline_id, stage, retry_delay_ms,
--- retry_backoff, retry_max_delay_ms, retry_jitter] (none: no row); then end_run (failed),
--- delete_lease, and what core.decide_failure decides, on failed_attempts (this run counted:
--- the snapshot still sees it running): the task past its allowed attempts (none when
--- :retryable is false) dead_letter_task into its dead-letter stage when :stages has that stage
--- of its pipeline (else where it is), otherwise schedule_retry after core.retry_delay (its own
+-- :token_hash, live, with :fence when given, and its run running, and only if there are
+-- :known_pipelines pipelines (the caller read them all) and the task's is not one of
+-- :unreadable (an array of those whose definition could not be parsed); the policy of its task's (pipeline,
+-- stage) from :policies, an array of [pipeline_id, stage, retry_delay_ms, retry_backoff,
+-- retry_max_delay_ms, retry_jitter] of the stages that have one (else none); then end_run
+-- (failed), delete_lease, and what core.decide_failure decides, on failed_attempts (this run
+-- counted: the snapshot still sees it running): the task past its allowed attempts (none when
+-- :retryable is false) dead_letter_task into its dead-letter stage when that is a stage of its
+-- pipeline (else where it is), otherwise schedule_retry after core.retry_delay (its own
 -- delay, else the stage's, else the default backoff of core.default_retry_delay: the same
 -- double precision arithmetic, :rand placing it in the jitter), and insert_event of the
 -- dead_letter or retry_scheduled event, each on the locked rows (none can miss). The wake-ups
@@ -673,6 +675,8 @@ WITH held AS (
             OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
         )
         AND r.status = 'running'
+        AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
+        AND NOT :unreadable::jsonb ? t.pipeline_id
     FOR UPDATE OF t, l
 ),
 policy AS (
@@ -692,17 +696,22 @@ policy AS (
         (p.v ->> 4)::bigint AS max_delay_ms,
         (p.v ->> 5)::float8 AS jitter,
         (
-            SELECT d.v ->> 1
-            FROM jsonb_array_elements(:stages::jsonb) AS d (v)
-            WHERE d.v ->> 0 = h.pipeline_id AND d.v ->> 1 = h.dead_letter_stage
-            LIMIT 1
+            SELECT s.stage
+            FROM pipeline_stages AS s
+            WHERE s.pipeline_id = h.pipeline_id AND s.stage = h.dead_letter_stage
         ) AS target
     FROM held AS h
+    -- A stage without a policy of its own: fsm.NO_POLICY's.
     CROSS JOIN LATERAL (
-        SELECT e.v
-        FROM jsonb_array_elements(:stages::jsonb) AS e (v)
-        WHERE e.v ->> 0 = h.pipeline_id AND e.v ->> 1 = h.stage
-        LIMIT 1
+        SELECT coalesce(
+            (
+                SELECT e.v
+                FROM jsonb_array_elements(:policies::jsonb) AS e (v)
+                WHERE e.v ->> 0 = h.pipeline_id AND e.v ->> 1 = h.stage
+                LIMIT 1
+            ),
+            '[null, null, null, 1.0, null, 0.0]'::jsonb
+        ) AS v
     ) AS p
 ),
 -- core.retry_delay's arguments: (base, backoff, cap, jitter, the failure's number), the
