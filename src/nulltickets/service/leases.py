@@ -655,7 +655,8 @@ class Leases(TrackerBase):
                 return
         lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
         self.fail(b, lease, cmd, now)
-        if known is not None:  # the lease was in order: a pipeline this process has not read
+        if known is not None and lease.pipeline_id not in known[1]:
+            # The lease was in order: a pipeline this process has not read, most likely.
             self._read_every_pipeline(b)
 
     def _stage_policies(self) -> tuple[int, list[str], list[StagePolicyRow]] | None:
