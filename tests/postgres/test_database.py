@@ -389,3 +389,156 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     with pytest.raises(LeaseNotFound):
         unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 6))
     assert units[-1].committed_alone is None
+
+
+def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """A failure (its retry or its dead letter decided in the statement) and a release are
+    each one statement, run as its own transaction (PostgresBackend.ALONE), with their
+    wake-ups; with a key, the statement checks it; a refused one changes nothing and says why,
+    step by step."""
+    from nulltickets.domain.commands import FailRun, ReleaseRun, RetryPolicy
+    from nulltickets.domain.tokens import lease_token_hash
+    from nulltickets.errors import LeaseNotFound, LeaseSuperseded
+
+    db, listener = open_db(), open_db()
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    tracker = Tracker(db.notifier, shared=True, rand=lambda: 0.5)
+    role = unique("coder")
+
+    def job(b: PostgresBackend) -> tuple[str, str, str]:
+        now = wall_ms()
+        pid = tracker.create_pipeline(b, pipeline(role), now)
+        retried = RetryPolicy(max_attempts=5, retry_delay_ms=7_000)
+        dead = RetryPolicy(max_attempts=1, dead_letter_stage="dead")
+        return (
+            tracker.create_task(b, CreateTask(pid, "r", "", priority=3, retry_policy=retried), now),
+            tracker.create_task(b, CreateTask(pid, "d", "", priority=2, retry_policy=dead), now),
+            tracker.create_task(b, CreateTask(pid, "p", "", priority=1), now),
+        )
+
+    retried_id, dead_id, put_down_id = db.write_sync(job)
+    now = wall_ms()
+    units: list[PostgresBackend] = []
+
+    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
+        def run(b: PostgresBackend) -> Any:
+            units.append(b)
+            return job(b)
+
+        return db.write_sync(run)
+
+    def claim(at: int) -> Any:
+        got = unit(lambda b: tracker.claim(b, Claim("a", role), at))
+        assert got is not None
+        return got, lease_token_hash(got.lease_token)
+
+    def events(run_id: str) -> list[tuple[str, Any]]:
+        got = db.read_sync(lambda b: b.list_events(run_id, 0, 10))
+        return [(e.kind, msgspec.json.decode(bytes(e.data))) for e in got]
+
+    # This process has not read every pipeline (the other tests' are there): step by step,
+    # reading them; then each failure is one statement.
+    first, token = claim(now)
+    assert first.task.id == retried_id
+    heard.clear()
+    unit(lambda b: tracker.fail_run(b, first.run.id, token, FailRun("boom"), now + 1))
+    assert units[-1].committed_alone is None
+    wait_for("the retry's wake-up at its time", lambda: (role, now + 7_001) in heard)
+    assert (role, 0) in heard  # and the capacity freed at once
+    assert events(first.run.id) == [
+        (
+            "retry_scheduled",
+            {
+                "reason": "retry_scheduled",
+                "failed_attempts": 1,
+                "retry_delay_ms": 7_000,
+                "next_eligible_at_ms": now + 7_001,
+            },
+        )
+    ]
+    task = db.read_sync(lambda b: b.get_task(retried_id))
+    assert (task.stage, task.next_eligible_at_ms) == ("todo", now + 7_001)
+    run = db.read_sync(lambda b: b.run_by_id(first.run.id))
+    assert (run.status, run.ended_at_ms) == ("failed", now + 1)
+    assert db.read_sync(lambda b: b.lease_by_run(first.run.id)) is None
+
+    second, token = claim(now + 2)
+    assert second.task.id == dead_id
+    unit(lambda b: tracker.fail_run(b, second.run.id, token, FailRun("again"), now + 3))
+    assert units[-1].committed_alone == "fail_run"
+    assert events(second.run.id) == [
+        (
+            "dead_letter",
+            {
+                "reason": "max_attempts_exceeded",
+                "failed_attempts": 1,
+                "from_stage": "todo",
+                "dead_letter_stage": "dead",
+            },
+        )
+    ]
+    task = db.read_sync(lambda b: b.get_task(dead_id))
+    assert (task.stage, task.task_version, task.dead_letter_reason) == (
+        "dead",
+        2,
+        "max_attempts_exceeded",
+    )
+
+    # Made with an API key: the statement checks the key itself, still one statement.
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=f"key-{role}", key_hash=role.encode(), name=role, access="agent", roles=[], now=now
+        )
+    )
+    third, token = claim(now + 4)
+    assert third.task.id == put_down_id
+    heard.clear()
+
+    def keyed(b: PostgresBackend) -> Any:
+        b.confirm_key(f"key-{role}")
+        return tracker.release_run(b, third.run.id, token, ReleaseRun("later"), now + 5)
+
+    released = unit(keyed)
+    assert (released.run_id, released.task_id) == (third.run.id, put_down_id)
+    assert units[-1].committed_alone == "release_run"
+    wait_for("the wake-up of the stage the task is claimable in again", lambda: bool(heard))
+    assert heard == [(role, 0)]
+    assert events(third.run.id) == [("released", {"reason": "later", "agent_id": "a"})]
+    run = db.read_sync(lambda b: b.run_by_id(third.run.id))
+    assert (run.status, run.ended_at_ms) == ("released", now + 5)
+
+    # Refused ones (the lease is gone; another fence) change nothing and say why, step by step.
+    with pytest.raises(LeaseNotFound):
+        unit(lambda b: tracker.release_run(b, third.run.id, token, ReleaseRun(), now + 6))
+    assert units[-1].committed_alone is None
+    fourth, token = claim(now + 7)
+    assert fourth.task.id == put_down_id
+    with pytest.raises(LeaseSuperseded):
+        unit(
+            lambda b: tracker.fail_run(
+                b, fourth.run.id, token, FailRun("x", expected_fence=1), now + 8
+            )
+        )
+    assert units[-1].committed_alone is None
+    assert db.read_sync(lambda b: b.run_by_id(fourth.run.id)).status == "running"
+    # A retry in one statement (the default backoff: the first at once), its wake-ups with it.
+    heard.clear()
+    retry = FailRun("x", expected_fence=2)
+    unit(lambda b: tracker.fail_run(b, fourth.run.id, token, retry, now + 9))
+    assert units[-1].committed_alone == "fail_run"
+    wait_for("the retry's wake-ups", lambda: sorted(heard) == [(role, 0), (role, now + 9)])
+    assert events(fourth.run.id) == [
+        (
+            "retry_scheduled",
+            {
+                "reason": "retry_scheduled",
+                "failed_attempts": 1,
+                "retry_delay_ms": 0,
+                "next_eligible_at_ms": now + 9,
+            },
+        )
+    ]

@@ -33,6 +33,8 @@ POSTGRES_ONLY = {
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",
+    "fail_run": "Backend.fail_run in one statement, its own transaction, its wake-ups with it",
+    "release_run": "Backend.release_run in one statement, its wake-up with it",
     "prune_lock": "retention: one server prunes at a time",
 }
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from nulltickets.domain.ids import new_id
 from nulltickets.errors import StorageBusy, Unauthorized
-from nulltickets.storage.backend import Backend, NewPipeline
+from nulltickets.storage.backend import Backend, Ended, Failed, NewPipeline, StagePolicyRow
 from nulltickets.storage.backend import Claimed as WholeClaim
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, Claimed, claim, claimed, covers, make_pipeline, make_task
@@ -373,6 +374,289 @@ def test_a_whole_checkpoint_needs_the_lease_merges_extends_and_records_the_patch
     ]
 
 
+def stage_policies(
+    pipeline_id: str,
+    delay: int | None = 1_000,
+    backoff: float = 2.0,
+    max_delay: int | None = 5_000,
+    jitter: float = 0.0,
+) -> tuple[StagePolicyRow, ...]:
+    """What Backend.fail_run is given of the policy of make_pipeline's `todo` (a row only when
+    it has one) and of another pipeline's."""
+    policy = (delay, backoff, max_delay, jitter)
+    other: StagePolicyRow = ("other", "todo", 1, 1.0, None, 0.0)
+    if policy == (None, 1.0, None, 0.0):
+        return (other,)
+    return other, (pipeline_id, "todo", *policy)
+
+
+def fail(
+    database: Database,
+    got: Claimed,
+    *,
+    token: bytes | None = None,
+    fence: int | None = None,
+    retryable: bool | None = None,
+    known: int | None = None,
+    unreadable: tuple[str, ...] = (),
+    policies: tuple[StagePolicyRow, ...] = (),
+    rand: float = 0.5,
+    now: int = NOW + 10,
+) -> Failed | None:
+    """Backend.fail_run of the claim's run; `known`: how many pipelines the caller has read
+    (None: all there are)."""
+
+    def job(b: Backend) -> Failed | None:
+        return b.fail_run(
+            run_id=got.run_id,
+            token_hash=got.token_hash if token is None else token,
+            fence=fence,
+            usage_json='{"tokens":3}',
+            error="boom",
+            retryable=retryable,
+            known_pipelines=len(b.list_pipelines()) if known is None else known,
+            unreadable=unreadable,
+            policies=policies,
+            rand=rand,
+            now=now,
+        )
+
+    return database.write_sync(job)  # type: ignore[no-any-return]
+
+
+def events_of(database: Database, run_id: str) -> list[tuple[str, int, Any]]:
+    events = database.read_sync(lambda b: b.list_events(run_id, 0, 10))
+    return [(e.kind, e.ts_ms, json.loads(bytes(e.data))) for e in events]
+
+
+@covers("Backend.fail_run")
+def test_a_whole_failure_needs_the_lease_and_the_stages_policy_then_retries_and_dead_letters(
+    database: Database,
+) -> None:
+    """Backend.fail_run, which PostgreSQL runs as one statement: refused, changing nothing,
+    unless the lease is held, live, of the fence given, its run running and the policy of
+    its task's stage given; then the run failed, the lease gone, and the task retried after
+    the stage's backoff until its attempts are used up, then dead-lettered."""
+
+    def job(b: Backend) -> tuple[str, str]:
+        pipeline_id = make_pipeline(b)
+        task_id = make_task(b, pipeline_id, max_attempts=3, dead_letter_stage="dead")
+        b.insert_dependency(make_task(b, pipeline_id, stage="review"), task_id, NOW)
+        return pipeline_id, task_id
+
+    pipeline_id, task_id = database.write_sync(job)
+    stages = stage_policies(pipeline_id)
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    assert fail(database, got, policies=stages, token=b"x" * 32) is None
+    assert fail(database, got, policies=stages, fence=2) is None
+    assert fail(database, got, policies=stages, now=NOW + 1_000) is None  # expired
+    pipelines = database.read_sync(lambda b: len(b.list_pipelines()))
+    assert fail(database, got, policies=stages, known=pipelines - 1) is None  # one not read
+    assert fail(database, got, policies=stages, unreadable=(pipeline_id,)) is None
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None and lease.run_status == "running"  # nothing changed
+    assert events_of(database, got.run_id) == []
+
+    failed = fail(database, got, policies=stages, fence=1)
+    assert failed is not None
+    assert (failed.pipeline_id, failed.task_id, failed.stage, failed.failed_attempts) == (
+        pipeline_id,
+        task_id,
+        "todo",
+        1,
+    )
+    assert (failed.dead_lettered, failed.dead_letter_stage) == (False, None)
+    assert failed.next_eligible_at_ms == NOW + 10 + 1_000  # the stage's delay
+    run = database.read_sync(lambda b: b.run_by_id(got.run_id))
+    assert (run.status, run.ended_at_ms) == ("failed", NOW + 10)
+    assert database.read_sync(lambda b: b.lease_by_run(got.run_id)) is None
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.next_eligible_at_ms) == ("todo", 1, NOW + 1_010)
+    failing = database.read_sync(
+        lambda b: b.list_failures(
+            states=frozenset({"failing"}), pipeline_id=pipeline_id, error=None, before=None, limit=9
+        )
+    )
+    assert [(f.id, f.at_ms, f.failures, f.last_error) for f in failing] == [
+        (task_id, NOW + 10, 1, "boom")
+    ]
+    retry = {
+        "reason": "retry_scheduled",
+        "failed_attempts": 1,
+        "retry_delay_ms": 1_000,
+        "next_eligible_at_ms": NOW + 1_010,
+    }
+    assert events_of(database, got.run_id) == [("retry_scheduled", NOW + 10, retry)]
+    assert fail(database, got, policies=stages) is None  # once
+
+    # The second failure: twice the delay (the backoff); the third: dead-lettered.
+    got = database.write_sync(lambda b: claimed(b, now=NOW + 2_000))
+    failed = fail(database, got, policies=stages, now=NOW + 2_010)
+    assert failed is not None and (failed.failed_attempts, failed.next_eligible_at_ms) == (
+        2,
+        NOW + 4_010,
+    )
+    got = database.write_sync(lambda b: claimed(b, now=NOW + 5_000))
+    failed = fail(database, got, policies=stages, now=NOW + 5_010)
+    assert failed is not None
+    assert (failed.failed_attempts, failed.dead_lettered, failed.dead_letter_stage) == (
+        3,
+        True,
+        "dead",
+    )
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.task_version, task.dead_letter_reason) == (
+        "dead",
+        2,
+        "max_attempts_exceeded",
+    )
+    assert task.next_eligible_at_ms == failed.next_eligible_at_ms
+    assert events_of(database, got.run_id) == [
+        (
+            "dead_letter",
+            NOW + 5_010,
+            {
+                "reason": "max_attempts_exceeded",
+                "failed_attempts": 3,
+                "from_stage": "todo",
+                "dead_letter_stage": "dead",
+            },
+        )
+    ]
+
+
+@covers("Backend.fail_run")
+def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database) -> None:
+    """The delay of Backend.fail_run on every backend: the default backoff when neither the
+    task nor its stage sets one (the stage has no row in `policies`), the task's own delay
+    first (0 set on purpose: none), the jitter placed by `rand`, the cap; `retryable` false
+    dead-letters at once, and a dead-letter stage that is not one of its pipeline's leaves
+    the task where it is."""
+
+    def attempt(
+        delay: int | None = 1_000,
+        backoff: float = 1.0,
+        max_delay: int | None = None,
+        jitter: float = 0.0,
+        rand: float = 0.5,
+        retryable: bool | None = None,
+        failures: int = 1,
+        **task: Any,
+    ) -> tuple[Failed, Any]:
+        role = new_id()  # a pipeline of its own: the task is the role's only one
+        pipeline_id = database.write_sync(lambda b: make_pipeline(b, role))
+        task_id = database.write_sync(lambda b: make_task(b, pipeline_id, **task))
+        stages = stage_policies(pipeline_id, delay, backoff, max_delay, jitter)
+        now = NOW
+        for _ in range(failures):
+            got = database.write_sync(lambda b, now=now: claimed(b, role, now=now))
+            assert got.task.id == task_id
+            failed = fail(database, got, policies=stages, rand=rand, retryable=retryable, now=now)
+            assert failed is not None
+            now = max(failed.next_eligible_at_ms, now + 1)
+        events = events_of(database, got.run_id)
+        return failed, events[0][2]
+
+    def delay_of(**kw: Any) -> int:
+        _, data = attempt(**kw)
+        assert data["reason"] == "retry_scheduled"
+        return int(data["retry_delay_ms"])
+
+    assert delay_of(delay=None) == 0  # the default backoff: the first retries at once
+    assert delay_of(delay=None, failures=3) == 1_000  # then 1 s, +/- 20 % (rand 0.5: none)
+    assert delay_of(delay=None, failures=4) == 2_000
+    assert delay_of(delay=None, failures=4, rand=0.0) == 1_600
+    assert delay_of(delay=1_000, jitter=0.5, rand=0.0) == 500
+    assert delay_of(delay=1_000, jitter=0.5, rand=0.75) == 1_250
+    assert delay_of(delay=1_000, backoff=3.0, failures=3) == 9_000
+    assert delay_of(delay=1_000, backoff=3.0, max_delay=4_000, failures=3) == 4_000
+    assert delay_of(delay=1_000, retry_delay_ms=300) == 300  # the task's own first
+    assert delay_of(delay=1_000, retry_delay_ms=300, backoff=2.0, failures=2) == 600
+    assert delay_of(delay=1_000, retry_delay_set=True) == 0  # 0 set on purpose
+    failed, data = attempt(delay=10**18, backoff=10.0, failures=2)  # 10**19 ms: saturated
+    assert (data["retry_delay_ms"], failed.next_eligible_at_ms) == (2**63 - 1, 2**63 - 1)
+    failed, data = attempt(retryable=False, dead_letter_stage="dead")
+    assert (failed.dead_lettered, failed.dead_letter_stage, failed.failed_attempts) == (
+        True,
+        "dead",
+        1,
+    )
+    assert data == {
+        "reason": "not_retryable",
+        "failed_attempts": 1,
+        "from_stage": "todo",
+        "dead_letter_stage": "dead",
+    }
+    failed, data = attempt(max_attempts=0, dead_letter_stage="nowhere")
+    assert (failed.dead_lettered, failed.dead_letter_stage) == (True, None)
+    assert data["reason"] == "max_attempts_exceeded" and data["dead_letter_stage"] is None
+    task = database.read_sync(lambda b: b.get_task(failed.task_id))
+    assert (task.stage, task.task_version, task.dead_letter_reason) == (
+        "todo",
+        1,
+        "max_attempts_exceeded",
+    )
+
+
+@covers("Backend.release_run")
+def test_a_whole_release_needs_the_lease_ends_the_run_and_records_who_put_it_down(
+    database: Database,
+) -> None:
+    """Backend.release_run, which PostgreSQL runs as one statement: refused, changing
+    nothing, unless the lease is held, live and of the fence given; then the run released,
+    the lease gone, the event recorded (the same JSON on every backend, whatever the agent's
+    name holds) and the task claimable again at once."""
+    pipeline_id = database.write_sync(lambda b: make_pipeline(b))
+    task_id = database.write_sync(lambda b: make_task(b, pipeline_id))
+    agent = 'ann "the\\agent"\n\x01\x7f é 🙂'
+    got = database.write_sync(lambda b: claimed(b, agent=agent, ttl=1_000))
+
+    def release(
+        token: bytes = got.token_hash,
+        fence: int | None = None,
+        reason: str | None = "later",
+        now: int = NOW + 10,
+    ) -> Ended | None:
+        return database.write_sync(  # type: ignore[no-any-return]
+            lambda b: b.release_run(
+                run_id=got.run_id, token_hash=token, fence=fence, reason=reason, now=now
+            )
+        )
+
+    assert release(token=b"x" * 32) is None
+    assert release(fence=2) is None
+    assert release(now=NOW + 1_000) is None  # expired
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None and lease.run_status == "running"  # nothing changed
+    ended = release(fence=1)
+    assert ended is not None
+    assert (ended.pipeline_id, ended.task_id, ended.stage) == (pipeline_id, task_id, "todo")
+    run = database.read_sync(lambda b: b.run_by_id(got.run_id))
+    assert (run.status, run.ended_at_ms) == ("released", NOW + 10)
+    assert database.read_sync(lambda b: b.lease_by_run(got.run_id)) is None
+    events = database.read_sync(lambda b: b.list_events(got.run_id, 0, 10))
+    assert [(e.kind, e.ts_ms) for e in events] == [("released", NOW + 10)]
+    assert bytes(events[0].data) == msgspec.json.encode({"reason": "later", "agent_id": agent})
+    assert release() is None  # once
+    again = database.write_sync(lambda b: claimed(b, now=NOW + 11))
+    assert (again.task.id, again.attempt, again.fence) == (task_id, 2, 2)  # claimable at once
+
+    for reason in (None, ""):  # no reason: "released"
+        got = again if reason is None else database.write_sync(lambda b: claimed(b, now=NOW + 20))
+        ended = database.write_sync(
+            lambda b, got=got, reason=reason: b.release_run(
+                run_id=got.run_id,
+                token_hash=got.token_hash,
+                fence=None,
+                reason=reason,
+                now=NOW + 12,
+            )
+        )
+        assert ended is not None
+        data = events_of(database, got.run_id)[0][2]
+        assert data == {"reason": "released", "agent_id": "agent"}
+
+
 @covers("Backend.confirm_key")
 def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Database) -> None:
     """A unit of work made with a key checks it: one whose key was revoked (on any server)
@@ -422,6 +706,22 @@ def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Databas
             now=NOW + 1,
         )
     )
+    gone(
+        lambda b: b.fail_run(
+            run_id=run_id,
+            token_hash=token,
+            fence=None,
+            usage_json="{}",
+            error="boom",
+            retryable=None,
+            known_pipelines=1,
+            unreadable=(),
+            policies=stage_policies(got.task.pipeline_id),
+            rand=0.5,
+            now=NOW + 1,
+        )
+    )
+    gone(lambda b: b.release_run(run_id=run_id, token_hash=token, fence=None, reason=None, now=NOW))
     gone(lambda b: b.lease_by_run(run_id))
     lease = database.read_sync(lambda b: b.lease_by_run(run_id))
     assert lease is not None and (lease.expires_at_ms, lease.stage) == (got.expires_at_ms, "todo")

@@ -29,7 +29,7 @@ from nulltickets.errors import (
     TaskLeased,
     TaskNotFound,
 )
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, StagePolicyRow
 from nulltickets.storage.ports import Notifier
 
 RESERVED_NAMESPACE = "search"
@@ -46,6 +46,14 @@ SHARED_REAP_HORIZON_MS = 1000
 _encode = msgspec.json.encode
 
 T = TypeVar("T")
+
+
+def _parse(definition: msgspec.Raw) -> fsm.Pipeline | None:
+    """A stored definition, parsed; None if it cannot be."""
+    try:
+        return fsm.load_definition(msgspec.json.decode(definition))
+    except msgspec.DecodeError:
+        return None
 
 
 def _json(value: Any) -> str:
@@ -81,6 +89,9 @@ class TrackerBase:
         # Per trigger: how many pipelines had been read when its moves were found, and
         # (pipeline, from stage, to stage, the transition's instructions) of each.
         self._by_trigger: dict[str, tuple[int, list[tuple[str, str, str, str | None]]]] = {}
+        # What Leases._stage_policies sends with a failure: how many pipelines had been read,
+        # those whose definition could not be parsed, and the others' stage retry policies.
+        self._policies: tuple[int, list[str], list[StagePolicyRow]] | None = None
         self._lock = threading.Lock()
         self._next_expiry = 0  # 0: unknown
         # Per role: the pipelines it was built from, (pipeline, stage, max_concurrency) of the
@@ -117,6 +128,14 @@ class TrackerBase:
 
     # --- pipelines -----------------------------------------------------------------------------
 
+    def _read_every_pipeline(self, b: Backend) -> None:
+        """Parse every pipeline's definition this process has not read yet."""
+        for row in b.list_pipelines():
+            if row.id not in self._pipelines:
+                parsed = _parse(row.definition)
+                with self._lock:
+                    self._pipelines.setdefault(row.id, parsed)
+
     def _definition(self, b: Backend, pipeline_id: str) -> fsm.Pipeline | None:
         """Parsed definition of an existing pipeline; None if it is unknown or unparsable."""
         cached = self._pipelines.get(pipeline_id, False)
@@ -125,10 +144,7 @@ class TrackerBase:
         row = b.get_pipeline(pipeline_id)
         if row is None:
             return None
-        try:
-            parsed = fsm.load_definition(msgspec.json.decode(row.definition))
-        except msgspec.DecodeError:
-            parsed = None
+        parsed = _parse(row.definition)
         with self._lock:
             self._pipelines[pipeline_id] = parsed
         return parsed

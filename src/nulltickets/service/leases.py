@@ -60,12 +60,14 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend, Claimed, NewPipeline
+from nulltickets.storage.backend import Backend, Claimed, NewPipeline, StagePolicyRow
 
 # What Leases._moves keeps and sends: the triggers it knows the moves of, and the moves of
 # one trigger sent with a transition.
 MAX_TRIGGERS = 256
 MAX_MOVES = 64
+# The most stage policies Leases._stage_policies sends with a failure.
+MAX_STAGE_POLICIES = 256
 
 
 def _transition_data(trigger: str, from_stage: str, to_stage: str, instructions: str | None) -> str:
@@ -144,7 +146,6 @@ class Leases(TrackerBase):
             jitter=policy.retry_jitter,
             rand=self._rand(),
         )
-        self._signal(b, task.pipeline_id, task.stage)  # a lease ended: capacity is free
         if isinstance(outcome, core.DeadLettered):
             if retryable is False:
                 outcome = core.DeadLettered(
@@ -167,14 +168,9 @@ class Leases(TrackerBase):
                 "dead_letter_stage": target,
             }
             b.insert_event(run_id, "dead_letter", _json(data), now)
-            if self._listening and target is not None and pipeline is not None:
-                self._signal(b, task.pipeline_id, target)
-                if pipeline.is_terminal(target):  # dependents count this as resolved
-                    for pipeline_id, stage in b.dependent_stages(task.id):
-                        self._signal(b, pipeline_id, stage)
+            self._failure_wakeups(b, task.pipeline_id, task.id, task.stage, True, target, 0)
         else:
             b.schedule_retry(task.id, outcome.next_eligible_at_ms, error, now)
-            self._signal(b, task.pipeline_id, task.stage, outcome.next_eligible_at_ms)
             data = {
                 "reason": "retry_scheduled",
                 "failed_attempts": failed,
@@ -182,6 +178,32 @@ class Leases(TrackerBase):
                 "next_eligible_at_ms": outcome.next_eligible_at_ms,
             }
             b.insert_event(run_id, "retry_scheduled", _json(data), now)
+            at = outcome.next_eligible_at_ms
+            self._failure_wakeups(b, task.pipeline_id, task.id, task.stage, False, None, at)
+
+    def _failure_wakeups(
+        self,
+        b: Backend,
+        pipeline_id: str,
+        task_id: str,
+        stage: str,
+        dead_lettered: bool,
+        dead_letter_stage: str | None,
+        next_eligible_at_ms: int,
+    ) -> None:
+        """The wake-ups of a failed attempt: capacity freed in its stage; then new work in the
+        dead-letter stage and, when that is terminal, for the tasks that depend on it; or the
+        retry, at its time."""
+        self._signal(b, pipeline_id, stage)  # a lease ended: capacity is free
+        if dead_lettered:
+            pipeline = self._definition(b, pipeline_id)
+            if self._listening and dead_letter_stage is not None and pipeline is not None:
+                self._signal(b, pipeline_id, dead_letter_stage)
+                if pipeline.is_terminal(dead_letter_stage):  # dependents count it as resolved
+                    for dependent_pipeline, dependent_stage in b.dependent_stages(task_id):
+                        self._signal(b, dependent_pipeline, dependent_stage)
+        else:
+            self._signal(b, pipeline_id, stage, next_eligible_at_ms)
 
     def claim(self, b: Backend, cmd: Claim, now: int) -> ClaimResult | None:
         """Claim the role's best claimable task: one call of `Backend.claim` (on PostgreSQL one
@@ -581,6 +603,7 @@ class Leases(TrackerBase):
         "/runs/{id}/fail",
         "Fail the run: retry later or dead-letter by the task's policy.",
         guard=Guard.LEASE,
+        name="fail",
         request=commands.FailRun,
         response=StatusBody,
         errors=(*LEASE_ERRORS, e.InvalidJson),
@@ -594,7 +617,80 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
+    def fail_run(self, b: Backend, run_id: str, token_hash: bytes, cmd: FailRun, now: int) -> None:
+        """End the run failed and retry or dead-letter its task. With the lease in order and
+        the task's pipeline read by this process (nearly always), that is one call of
+        `Backend.fail_run` (on PostgreSQL one statement); otherwise the lease is checked and
+        the failure decided step by step, which says what is wrong, if anything."""
+        known = self._stage_policies()
+        try:
+            usage = compact_json(cmd.usage, "{}") or "{}"
+        except InvalidJson:
+            usage, known = "", None  # said after the lease's errors, below
+        if known is not None:
+            failed = b.fail_run(
+                run_id=run_id,
+                token_hash=token_hash,
+                fence=cmd.expected_fence,
+                usage_json=usage,
+                error=cmd.error,
+                retryable=cmd.retryable,
+                known_pipelines=known[0],
+                unreadable=known[1],
+                policies=known[2],
+                rand=self._rand(),
+                now=now,
+            )
+            if failed is not None:
+                if not failed.notified:
+                    self._failure_wakeups(
+                        b,
+                        failed.pipeline_id,
+                        failed.task_id,
+                        failed.stage,
+                        failed.dead_lettered,
+                        failed.dead_letter_stage,
+                        failed.next_eligible_at_ms,
+                    )
+                return
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        self.fail(b, lease, cmd, now)
+        if known is not None and lease.pipeline_id not in known[1]:
+            # The lease was in order: a pipeline this process has not read, most likely.
+            self._read_every_pipeline(b)
+
+    def _stage_policies(self) -> tuple[int, list[str], list[StagePolicyRow]] | None:
+        """How many pipelines this process has read, those whose definition it could not
+        parse, and the retry policies of the others' stages that have one, as (pipeline,
+        stage, retry_delay_ms, backoff, max delay, jitter): what Backend.fail_run decides from
+        (it goes on only when there are that many pipelines, and the task's is parsed). None
+        when the policies are too many to send: the failure then goes step by step."""
+        pipelines = self._pipelines
+        known = self._policies
+        if known is None or known[0] != len(pipelines):
+            unreadable: list[str] = []
+            rows: list[StagePolicyRow] = []
+            for pipeline_id, pipeline in list(pipelines.items()):
+                if pipeline is None:
+                    unreadable.append(pipeline_id)
+                    continue
+                for name in pipeline.states:
+                    policy = pipeline.policy(name)
+                    retry = (
+                        policy.retry_delay_ms,
+                        policy.retry_backoff,
+                        policy.retry_max_delay_ms,
+                        policy.retry_jitter,
+                    )
+                    if retry != (None, 1.0, None, 0.0):
+                        rows.append((pipeline_id, name, *retry))
+            known = self._policies = (len(pipelines), unreadable, rows)
+        if len(known[1]) + len(known[2]) > MAX_STAGE_POLICIES:
+            return None
+        return known
+
     def fail(self, b: Backend, lease: LeaseRow, cmd: FailRun, now: int) -> None:
+        """The failure step by step, under the lease checked."""
         task = b.get_task(lease.task_id)
         if task is None:
             raise TrackerError("the run's task cannot be read")
@@ -663,6 +759,7 @@ class Leases(TrackerBase):
         "/runs/{id}/release",
         "Put the task down on purpose: claimable again at once, not a failed attempt.",
         guard=Guard.LEASE,
+        name="release",
         request=commands.ReleaseRun,
         response=model.Released,
         errors=(*LEASE_ERRORS, e.InvalidJson),
@@ -677,8 +774,28 @@ class Leases(TrackerBase):
             ends_lease=True,
         ),
     )
+    def release_run(
+        self, b: Backend, run_id: str, token_hash: bytes, cmd: ReleaseRun, now: int
+    ) -> Released:
+        """Put the task down on purpose: claimable again at once, not a failed attempt. With
+        the lease in order (nearly always), that is one call of `Backend.release_run` (on
+        PostgreSQL one statement); otherwise the lease is checked, which says what is wrong."""
+        ended = b.release_run(
+            run_id=run_id,
+            token_hash=token_hash,
+            fence=cmd.expected_fence,
+            reason=cmd.reason,
+            now=now,
+        )
+        if ended is not None:
+            if not ended.notified:
+                self._signal(b, ended.pipeline_id, ended.stage)
+            return Released("released", run_id, ended.task_id)
+        lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
+        return self.release(b, lease, cmd, now)
+
     def release(self, b: Backend, lease: LeaseRow, cmd: ReleaseRun, now: int) -> Released:
-        """Put the task down on purpose: claimable again at once, not a failed attempt."""
+        """The release step by step, under the lease checked."""
         if not b.end_run(lease.run_id, RunStatus.RELEASED, "{}", cmd.reason, now):
             raise RunNotRunning()
         b.delete_lease(lease.id)

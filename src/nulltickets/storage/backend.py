@@ -20,11 +20,12 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import msgspec
 from msgspec import Raw
 
+from nulltickets import core
 from nulltickets.domain.model import (
     Access,
     Artifact,
@@ -97,6 +98,42 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """What `Backend.fail_run` did: the run of the task of the pipeline, in `stage`, ended
+    failed (its `failed_attempts`-th); the task was dead-lettered (into `dead_letter_stage`,
+    None: it stays in `stage`) or given a retry at `next_eligible_at_ms`. `notified` when the
+    wake-ups went with it (else the caller sends them)."""
+
+    pipeline_id: str
+    task_id: str
+    stage: str
+    failed_attempts: int
+    dead_lettered: bool
+    dead_letter_stage: str | None
+    next_eligible_at_ms: int
+    notified: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What `Backend.release_run` did: the run of the task of the pipeline, in `stage`, was
+    released; `notified` when the wake-up of that stage went with it (else the caller sends
+    it)."""
+
+    pipeline_id: str
+    task_id: str
+    stage: str
+    notified: bool
+
+
+# What Backend.fail_run is given of a stage with a retry policy: (pipeline, stage, its
+# retry_delay_ms or None, retry_backoff, retry_max_delay_ms or None, retry_jitter).
+StagePolicyRow = tuple[str, str, int | None, float, int | None, float]
+# The retry policy of a stage that sets none (fsm.NO_POLICY's).
+_NO_RETRY_POLICY: tuple[int | None, float, int | None, float] = (None, 1.0, None, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class NewPipeline:
     """`Backend.claim` chose a task of a pipeline the caller's limits were not read from (one
     created since): nothing was claimed; read the limits again and claim again."""
@@ -143,6 +180,18 @@ def _task(row: Sequence[Any]) -> Task:
         dl_reason,
         created,
         updated,
+    )
+
+
+def _held(
+    lease: LeaseRow | None, token_hash: bytes, fence: int | None, now: int
+) -> TypeGuard[LeaseRow]:
+    """The lease is there, held with `token_hash`, live at `now` and (when given) of `fence`."""
+    return (
+        lease is not None
+        and hmac.compare_digest(bytes(lease.token_hash), token_hash)
+        and lease.expires_at_ms > now
+        and (fence is None or lease.fence == fence)
     )
 
 
@@ -686,6 +735,125 @@ class Backend:
         self.extend_lease(lease.id, now + ttl, ttl, now)
         self.insert_event(run_id, "checkpoint", patch_json, now)
         return merged, now + ttl, lease.fence
+
+    def fail_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        usage_json: str,
+        error: str | None,
+        retryable: bool | None,
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
+        rand: float,
+        now: int,
+    ) -> Failed | None:
+        """A failed attempt in one go: when run `run_id` is running under a live lease held
+        with `token_hash` (with `fence`, when given), there are `known_pipelines` pipelines
+        (the caller read them all; `policies` are the retry policies of their stages that have
+        one, the others have none) and the task's is not one of `unreadable` (whose definition
+        could not be parsed): end the run failed with `usage_json` and `error`, delete
+        the lease, and, by the task's retry policy (its max_attempts, retry delay and
+        dead-letter stage; its stage's delay, backoff, cap and jitter, `rand` in [0, 1)
+        placing the delay in the jitter; core.decide_failure), dead-letter the task (at once
+        when `retryable` is false; into its dead-letter stage when that is a stage of its
+        pipeline) or schedule its retry, and record the `dead_letter` or `retry_scheduled`
+        event. None when any of that is not so, and nothing was changed (the caller finds out
+        why). Composed here of the statements it names; a backend may run it as one statement
+        (PostgreSQL: fail_run), which also sends the wake-ups (Failed.notified)."""
+        lease = self.lease_by_run(run_id)
+        if not _held(lease, token_hash, fence, now) or lease.run_status != "running":
+            return None
+        if self._value("pipeline_count", {}) != known_pipelines:
+            return None  # one the caller has not read: its policies are not in `policies`
+        if lease.pipeline_id in unreadable:
+            return None
+        stage = lease.stage
+        found = [p[2:] for p in policies if p[0] == lease.pipeline_id and p[1] == stage]
+        stage_delay, backoff, max_delay_ms, jitter = found[0] if found else _NO_RETRY_POLICY
+        task = self.get_task(lease.task_id)
+        assert task is not None  # the lease's task, in this unit of work
+        # The lease is held and its run is running in this unit of work: the end cannot fail.
+        if not self.end_run(run_id, "failed", usage_json, error, now):
+            raise StorageBusy("the run ended at the same moment")
+        self.delete_lease(lease.id)
+        failed = self.failed_attempts(task.id)
+        # The task's own retry delay wins; the stage's applies when the task set none; the
+        # default backoff when neither did (None).
+        base: int | None = task.retry_delay_ms
+        if not (base or self.retry_delay_set(task.id)):
+            base = stage_delay
+        allowed = 0 if retryable is False else task.max_attempts
+        if allowed is not None and failed >= allowed:
+            target = task.dead_letter_stage
+            if target is not None and not self._value(
+                "pipeline_has_stage", {"pipeline_id": lease.pipeline_id, "stage": target}
+            ):
+                target = None  # not a stage of the task's pipeline: it stays where it is
+            reason = "not_retryable" if retryable is False else "max_attempts_exceeded"
+            self.dead_letter_task(
+                task.id,
+                stage=target if target is not None else stage,
+                version_bump=1 if target is not None else 0,
+                reason=reason,
+                next_eligible_at_ms=core.DEAD_LETTER_ELIGIBLE_AT,
+                error=error,
+                now=now,
+            )
+            data: dict[str, Any] = {
+                "reason": reason,
+                "failed_attempts": failed,
+                "from_stage": stage,
+                "dead_letter_stage": target,
+            }
+            self.insert_event(run_id, "dead_letter", _encode(data).decode(), now)
+            parked = core.DEAD_LETTER_ELIGIBLE_AT
+            return Failed(lease.pipeline_id, task.id, stage, failed, True, target, parked, False)
+        if base is None:
+            delay = core.default_retry_delay(failed, rand)
+        else:
+            delay = core.retry_delay(
+                base,
+                backoff=backoff,
+                max_delay_ms=max_delay_ms,
+                jitter=jitter,
+                failed_attempts=failed,
+                rand=rand,
+            )
+        at = max(0, min(now + delay, _MAX_TIME))
+        self.schedule_retry(task.id, at, error, now)
+        data = {
+            "reason": "retry_scheduled",
+            "failed_attempts": failed,
+            "retry_delay_ms": delay,
+            "next_eligible_at_ms": at,
+        }
+        self.insert_event(run_id, "retry_scheduled", _encode(data).decode(), now)
+        return Failed(lease.pipeline_id, task.id, stage, failed, False, None, at, False)
+
+    def release_run(
+        self, *, run_id: str, token_hash: bytes, fence: int | None, reason: str | None, now: int
+    ) -> Ended | None:
+        """A release in one go: when run `run_id` is running under a live lease held with
+        `token_hash` (with `fence`, when given): end the run released (its error text
+        `reason`), delete the lease and record the `released` event (the reason, else
+        "released", and the lease's agent): the task is claimable again at once. None when
+        any of that is not so, and nothing was changed (the caller finds out why). Composed
+        here of the statements it names; a backend may run it as one statement (PostgreSQL:
+        release_run), which also sends the wake-up of the task's stage (Ended.notified)."""
+        lease = self.lease_by_run(run_id)
+        if not _held(lease, token_hash, fence, now) or lease.run_status != "running":
+            return None
+        # The lease is held and its run is running in this unit of work: the end cannot fail.
+        if not self.end_run(run_id, "released", "{}", reason, now):
+            raise StorageBusy("the run ended at the same moment")
+        self.delete_lease(lease.id)
+        data = {"reason": reason or "released", "agent_id": lease.agent_id}
+        self.insert_event(run_id, "released", _encode(data).decode(), now)
+        return Ended(lease.pipeline_id, lease.task_id, lease.stage, False)
 
     def extend_held_lease(
         self,

@@ -17,6 +17,14 @@ VALUES (:id, :name, :definition_json, :now);
 INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)
 VALUES (:pipeline_id, :stage, :agent_role, :terminal);
 
+-- pipeline_count --
+-- How many pipelines there are (none is ever deleted): Backend.fail_run goes on only when its
+-- caller has read that many.
+SELECT count(*) FROM pipelines;
+
+-- pipeline_has_stage --
+SELECT 1 FROM pipeline_stages WHERE pipeline_id = :pipeline_id AND stage = :stage;
+
 -- get_pipeline --
 SELECT id, name, definition_json, created_at_ms
 FROM pipelines

@@ -21,15 +21,19 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
+from nulltickets import core
 from nulltickets.domain.model import Failure, LeaseRow, Task
 from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import (
     Backend,
     Claimed,
+    Ended,
+    Failed,
     Moved,
     NewPipeline,
     QueueRow,
     StageBoardRow,
+    StagePolicyRow,
     _task,
 )
 from nulltickets.storage.postgres.green import GreenConnection, GreenCursor
@@ -61,6 +65,8 @@ ALONE = frozenset(
         "insert_event_under_lease",
         "transition_run",
         "checkpoint_run",
+        "fail_run",
+        "release_run",
     }
 )
 
@@ -320,6 +326,61 @@ class PostgresBackend(Backend):
             self._wrote_nothing()
             return None
         return str(compact(row[0])), int(row[1]), int(row[2])
+
+    def fail_run(
+        self,
+        *,
+        run_id: str,
+        token_hash: bytes,
+        fence: int | None,
+        usage_json: str,
+        error: str | None,
+        retryable: bool | None,
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
+        rand: float,
+        now: int,
+    ) -> Failed | None:
+        # fail_run: the statements of Backend.fail_run as one, with the wake-ups.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "usage_json": usage_json,
+            "error": error,
+            "retryable": retryable,
+            "known_pipelines": known_pipelines,
+            "unreadable": _encode(unreadable).decode(),
+            "policies": _encode(policies).decode(),
+            "rand": rand,
+            "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
+            "now": now,
+        }
+        row = self._one("fail_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        pipeline_id, task_id, stage, failed, dead, target, at = row[:7]
+        return Failed(pipeline_id, task_id, stage, int(failed), dead, target, int(at), True)
+
+    def release_run(
+        self, *, run_id: str, token_hash: bytes, fence: int | None, reason: str | None, now: int
+    ) -> Ended | None:
+        # release_run: the statements of Backend.release_run as one, with the wake-up.
+        params = {
+            "run_id": run_id,
+            "token_hash": token_hash,
+            "fence": fence,
+            "reason": reason,
+            "reason_json": _encode(reason or "released").decode(),
+            "now": now,
+        }
+        row = self._one("release_run", params)
+        if row is None:
+            self._wrote_nothing()
+            return None
+        return Ended(row[0], row[1], row[2], True)
 
     def extend_held_lease(
         self,

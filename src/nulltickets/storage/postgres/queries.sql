@@ -640,6 +640,292 @@ CROSS JOIN merged AS m
 CROSS JOIN extended AS e
 WHERE (SELECT count(*) FROM recorded) = 1;
 
+-- fail_run --
+-- Backend.fail_run in one statement (its own transaction: see PostgresBackend.ALONE): the lease
+-- of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence when given, and its run running, and only if there are
+-- :known_pipelines pipelines (the caller read them all) and the task's is not one of
+-- :unreadable (an array of those whose definition could not be parsed); the policy of its task's (pipeline,
+-- stage) from :policies, an array of [pipeline_id, stage, retry_delay_ms, retry_backoff,
+-- retry_max_delay_ms, retry_jitter] of the stages that have one (else none); then end_run
+-- (failed), delete_lease, and what core.decide_failure decides, on failed_attempts (this run
+-- counted: the snapshot still sees it running): the task past its allowed attempts (none when
+-- :retryable is false) dead_letter_task into its dead-letter stage when that is a stage of its
+-- pipeline (else where it is), otherwise schedule_retry after core.retry_delay (its own
+-- delay, else the stage's, else the default backoff of core.default_retry_delay: the same
+-- double precision arithmetic, :rand placing it in the jitter), and insert_event of the
+-- dead_letter or retry_scheduled event, each on the locked rows (none can miss). The wake-ups
+-- of Leases._after_failure go with it (the notify channel and lines): the stage the task was
+-- in (capacity freed), then the dead-letter stage and, when it is terminal, the stages of the
+-- tasks that depend on it, or the stage again at the retry's time. No row: nothing was
+-- changed (the caller finds out why).
+WITH held AS (
+    SELECT
+        l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
+        t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
+        AND r.status = 'running'
+        AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
+        AND NOT :unreadable::jsonb ? t.pipeline_id
+    FOR UPDATE OF t, l
+),
+policy AS (
+    SELECT
+        h.*,
+        (
+            SELECT count(*)
+            FROM runs AS f
+            WHERE f.task_id = h.task_id AND f.status IN ('failed', 'stale')
+        ) + 1 - h.failures_forgiven AS failed,
+        CASE WHEN :retryable::boolean IS FALSE THEN 0 ELSE h.max_attempts END AS allowed,
+        CASE
+            WHEN h.retry_delay_ms <> 0 OR h.retry_delay_set THEN h.retry_delay_ms
+            ELSE (p.v ->> 2)::bigint
+        END AS base,
+        (p.v ->> 3)::float8 AS backoff,
+        (p.v ->> 4)::bigint AS max_delay_ms,
+        (p.v ->> 5)::float8 AS jitter,
+        (
+            SELECT s.stage
+            FROM pipeline_stages AS s
+            WHERE s.pipeline_id = h.pipeline_id AND s.stage = h.dead_letter_stage
+        ) AS target
+    FROM held AS h
+    -- A stage without a policy of its own: fsm.NO_POLICY's.
+    CROSS JOIN LATERAL (
+        SELECT coalesce(
+            (
+                SELECT e.v
+                FROM jsonb_array_elements(:policies::jsonb) AS e (v)
+                WHERE e.v ->> 0 = h.pipeline_id AND e.v ->> 1 = h.stage
+                LIMIT 1
+            ),
+            '[null, null, null, 1.0, null, 0.0]'::jsonb
+        ) AS v
+    ) AS p
+),
+-- core.retry_delay's arguments: (base, backoff, cap, jitter, the failure's number), the
+-- default backoff's when neither the task nor the stage sets a delay (then NULL after the
+-- immediate retries: no delay).
+retry AS (
+    SELECT
+        c.*,
+        c.allowed IS NOT NULL AND c.failed >= c.allowed AS dead,
+        CASE WHEN c.base IS NULL THEN 1000 ELSE c.base END AS r_base,
+        CASE WHEN c.base IS NULL THEN 2.0::float8 ELSE c.backoff END AS r_backoff,
+        CASE WHEN c.base IS NULL THEN 300000 ELSE c.max_delay_ms END AS r_max,
+        CASE WHEN c.base IS NULL THEN 0.2::float8 ELSE c.jitter END AS r_jitter,
+        CASE WHEN c.base IS NULL THEN c.failed - 2 ELSE c.failed END AS r_n
+    FROM policy AS c
+),
+grown AS (
+    SELECT
+        r.*,
+        r.r_base::float8 * power(r.r_backoff, least(greatest(r.r_n - 1, 0), 64)::float8)
+        * (1.0::float8 + r.r_jitter * (2.0::float8 * :rand::float8 - 1.0::float8)) AS g
+    FROM retry AS r
+),
+delayed AS (
+    SELECT
+        g.*,
+        CASE
+            WHEN g.base IS NULL AND g.failed <= 2 THEN 0
+            ELSE least(
+                CASE
+                    WHEN g.r_backoff = 1.0 AND g.r_jitter = 0.0 THEN g.r_base
+                    WHEN least(g.g, 9.3e18::float8) >= 9223372036854775807::float8
+                        THEN 9223372036854775807
+                    ELSE trunc(least(g.g, 9.3e18::float8))::bigint
+                END,
+                g.r_max
+            )
+        END AS delay
+    FROM grown AS g
+),
+decided AS (
+    SELECT
+        d.*,
+        CASE
+            WHEN d.dead THEN :parked_at::bigint
+            ELSE greatest(0, least(:now::numeric + d.delay, 9223372036854775807))::bigint
+        END AS at,
+        CASE WHEN :retryable::boolean IS FALSE THEN 'not_retryable'
+            ELSE 'max_attempts_exceeded' END AS reason
+    FROM delayed AS d
+),
+ended AS (
+    UPDATE runs AS r
+    SET status = 'failed', ended_at_ms = :now, usage_json = :usage_json, error_text = :error
+    FROM decided AS d
+    WHERE r.id = d.run_id AND r.status = 'running'
+    RETURNING r.id
+),
+changed AS (
+    UPDATE tasks AS t
+    SET stage = CASE WHEN d.dead THEN coalesce(d.target, t.stage) ELSE t.stage END,
+        task_version = t.task_version + CASE WHEN d.dead AND d.target IS NOT NULL THEN 1 ELSE 0 END,
+        dead_letter_reason = CASE WHEN d.dead THEN d.reason ELSE t.dead_letter_reason END,
+        next_eligible_at_ms = d.at,
+        failed_at_ms = :now,
+        last_error = :error,
+        updated_at_ms = :now
+    FROM decided AS d
+    JOIN ended AS e ON e.id = d.run_id
+    WHERE t.id = d.task_id
+    RETURNING t.id
+),
+done AS (
+    SELECT d.*
+    FROM decided AS d
+    JOIN changed AS c ON c.id = d.task_id
+),
+gone AS (
+    DELETE FROM leases AS l
+    USING done AS d
+    WHERE l.id = d.id
+    RETURNING l.id
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT
+        d.run_id,
+        :now,
+        CASE WHEN d.dead THEN 'dead_letter' ELSE 'retry_scheduled' END,
+        CASE
+            WHEN d.dead THEN
+                '{"reason":' || to_json(d.reason)::text
+                || ',"failed_attempts":' || d.failed
+                || ',"from_stage":' || to_json(d.stage)::text
+                || ',"dead_letter_stage":' || coalesce(to_json(d.target)::text, 'null') || '}'
+            ELSE
+                '{"reason":"retry_scheduled","failed_attempts":' || d.failed
+                || ',"retry_delay_ms":' || d.delay
+                || ',"next_eligible_at_ms":' || d.at || '}'
+        END
+    FROM done AS d
+    RETURNING id
+),
+woken AS (
+    SELECT s.agent_role AS role, w.at, count(*) AS n
+    FROM (
+        SELECT d.pipeline_id, d.stage, 0::bigint FROM done AS d
+        UNION ALL
+        SELECT d.pipeline_id, d.stage, d.at FROM done AS d WHERE NOT d.dead
+        UNION ALL
+        SELECT d.pipeline_id, d.target, 0::bigint FROM done AS d WHERE d.dead
+        UNION ALL
+        SELECT t.pipeline_id, t.stage, 0::bigint
+        FROM done AS d
+        JOIN pipeline_stages AS ds
+            ON ds.pipeline_id = d.pipeline_id AND ds.stage = d.target AND ds.terminal
+        JOIN task_dependencies AS dep ON dep.depends_on_task_id = d.task_id
+        JOIN tasks AS t ON t.id = dep.task_id
+        WHERE d.dead
+    ) AS w (pipeline_id, stage, at)
+    JOIN pipeline_stages AS s ON s.pipeline_id = w.pipeline_id AND s.stage = w.stage
+    WHERE s.agent_role IS NOT NULL
+    GROUP BY s.agent_role, w.at
+),
+payload AS (
+    SELECT string_agg(
+        w.role || E'\t' || w.at || CASE WHEN w.n > 1 THEN ';' || w.n ELSE '' END,
+        E'\n' ORDER BY w.role, w.at
+    ) AS lines
+    FROM woken AS w
+)
+SELECT
+    d.pipeline_id, d.task_id, d.stage, d.failed, d.dead, CASE WHEN d.dead THEN d.target END, d.at,
+    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
+    (
+        SELECT count(*)
+        FROM (
+            SELECT pg_notify(
+                'nulltickets_claimable',
+                CASE WHEN octet_length(p.lines) <= 7000 THEN p.lines ELSE E'*\t0' END
+            )
+            FROM payload AS p
+            WHERE p.lines IS NOT NULL
+        ) AS sent
+    )
+FROM done AS d;
+
+-- release_run --
+-- Backend.release_run in one statement (its own transaction: see PostgresBackend.ALONE): the
+-- lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence when given, and its run running; then end_run (released,
+-- :reason its error text), delete_lease and insert_event of the `released` event (:reason_json,
+-- the reason as JSON, and the lease's agent), each on the locked rows (none can miss), and the
+-- wake-up of the roles of the task's stage (notify's channel and line): it is claimable again.
+-- No row: nothing was changed (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, l.agent_id, r.task_id, t.stage, t.pipeline_id
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.run_id = :run_id
+        AND l.token_hash = :token_hash
+        AND l.expires_at_ms > :now
+        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
+        AND r.status = 'running'
+    FOR UPDATE OF t, l
+),
+ended AS (
+    UPDATE runs AS r
+    SET status = 'released', ended_at_ms = :now, usage_json = '{}', error_text = :reason
+    FROM held AS h
+    WHERE r.id = h.run_id AND r.status = 'running'
+    RETURNING r.id
+),
+done AS (
+    SELECT h.*
+    FROM held AS h
+    JOIN ended AS e ON e.id = h.run_id
+),
+gone AS (
+    DELETE FROM leases AS l
+    USING done AS d
+    WHERE l.id = d.id
+    RETURNING l.id
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT
+        d.run_id,
+        :now,
+        'released',
+        '{"reason":' || :reason_json::text || ',"agent_id":' || to_json(d.agent_id)::text || '}'
+    FROM done AS d
+    RETURNING id
+)
+SELECT
+    d.pipeline_id, d.task_id, d.stage,
+    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
+    (
+        SELECT count(*)
+        FROM (
+            SELECT pg_notify('nulltickets_claimable', s.agent_role || E'\t0')
+            FROM pipeline_stages AS s
+            WHERE s.pipeline_id = d.pipeline_id
+                AND s.stage = d.stage
+                AND s.agent_role IS NOT NULL
+        ) AS sent
+    )
+FROM done AS d;
+
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
 -- Not one-to-one: the task and the lease are locked (task first, see the top), as by
