@@ -7,7 +7,8 @@ retention it levels off instead of growing with every cycle.
     python -m benchmarks.soak --postgres --minutes 2     # a throwaway cluster of its own
 
 Every `--every` seconds one line: cycles so far, cycles/s, claim p50/p99 in that interval, the
-rows pruned in it, and the size (SQLite: the file and its WAL, pages and free pages;
+rows pruned in it, the failed requests by kind (`error_kinds`: "claim 503 service_unavailable"), and
+the size (SQLite: the file and its WAL, pages and free pages;
 PostgreSQL: pg_database_size). Ends after `--cycles` cycles or `--minutes`, whichever comes
 first, with a JSON summary on the last line. No figure is asserted.
 
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +77,19 @@ class Stats:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cycles = 0
-        self.errors = 0
+        # Failed requests by kind: "claim 503 service_unavailable", "exception TimeoutError".
+        self.errors: Counter[str] = Counter()
         self.claims: list[Claim] = []
+
+    def failures(self) -> dict[str, Any]:
+        with self.lock:
+            return {"errors": sum(self.errors.values()), "error_kinds": dict(self.errors)}
+
+    def failed(self, what: str, status: int, body: Any) -> None:
+        error = body.get("error") if isinstance(body, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        with self.lock:
+            self.errors[f"{what} {status} {code or ''}".rstrip()] += 1
 
     def take(self) -> tuple[int, list[Claim]]:
         with self.lock:
@@ -146,23 +159,22 @@ def agent(port: int, pipeline_id: str, stats: Stats, stop: threading.Event, bulk
     while not stop.is_set():
         try:
             cycles(Http(port), pipeline_id, stats, stop, bulk)
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             if not stop.is_set():
                 with stats.lock:
-                    stats.errors += 1
+                    stats.errors[f"exception {type(exc).__name__}"] += 1
                 time.sleep(0.1)
 
 
 def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, bulk: int) -> None:
     while not stop.is_set():
-        status, _ = client.call(
+        status, got = client.call(
             "POST",
             "/tasks/bulk",
             {"tasks": [{"pipeline_id": pipeline_id, "title": "soak", "description": ""}] * bulk},
         )
         if status != 201:
-            with stats.lock:
-                stats.errors += 1
+            stats.failed("bulk", status, got)
             continue
         for _ in range(bulk):
             started = time.monotonic()
@@ -171,23 +183,26 @@ def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, 
             )
             took = time.monotonic() - started
             if status != 200:
-                with stats.lock:
-                    stats.errors += status != 204
+                if status != 204:
+                    stats.failed("claim", status, got)
                 continue
             run, token = got["run"]["id"], got["lease_token"]
-            client.call("POST", f"/runs/{run}/events", {"kind": "step", "data": {"n": 1}}, token)
-            status, _ = client.call(
+            status, got = client.call(
+                "POST", f"/runs/{run}/events", {"kind": "step", "data": {"n": 1}}, token
+            )
+            if status != 201:
+                stats.failed("event", status, got)
+            status, got = client.call(
                 "POST",
                 f"/runs/{run}/transition",
                 {"trigger": "finish", "usage": {"tokens": 100}},
                 token,
             )
+            if status != 200:
+                stats.failed("transition", status, got)
             with stats.lock:
                 stats.claims.append((started, took))
-                if status == 200:
-                    stats.cycles += 1
-                else:
-                    stats.errors += 1
+                stats.cycles += status == 200
 
 
 def pct(values: list[float], q: float) -> float:
@@ -336,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 "claims_pruning": latency(pruning),
                 "claims_idle": latency(idle),
                 "pruned_rows": total_pruned - last_pruned,
-                "errors": stats.errors,
+                **stats.failures(),
                 **size(db),
             }
             figures.append(row)

@@ -113,6 +113,36 @@ def test_concurrent_claimers_never_get_the_same_task(pg_shared_dsn: str, pg_conn
         assert fences == [(1,)]  # one claim (one fence bump) per task
 
 
+def test_a_claim_rewrites_its_task_on_the_same_page(pg_dsn: str) -> None:
+    """A claim raises the task's fence, which no index holds. tasks keeps room on each page
+    (migration 0006), so the task's new version goes on the page of the old one, as a HOT update
+    that adds no index entry for later claims to step over. A page of tasks filled to the brim
+    by inserts would have no room left, and the new version would go to another page."""
+    with psycopg.connect(pg_dsn) as conn:
+        role = unique("coder")
+        pipeline_id = make_pipeline(conn, role)
+        first = make_task(conn, pipeline_id, priority=10)
+        for _ in range(300):
+            make_task(conn, pipeline_id)
+        conn.commit()
+
+        def page(task_id: str | None) -> int:
+            row = conn.execute(
+                "SELECT (ctid::text::point)[0]::int FROM tasks WHERE id = %s", (task_id,)
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        before = page(first)
+        neighbours = conn.execute(
+            "SELECT count(*) FROM tasks WHERE (ctid::text::point)[0]::int = %s", (before,)
+        ).fetchone()
+        assert neighbours is not None and neighbours[0] > 10  # a page full of new tasks
+
+        assert claim(conn, role, "agent-1") == (first, False)
+        assert page(first) == before
+
+
 def test_concurrent_reapers_share_the_expired_leases(pg_shared_dsn: str, pg_conn: Conn) -> None:
     """Each expired lease goes to one reaper: the others skip the rows it holds."""
     # This test's clock runs long before every other test's on the shared database, so its
