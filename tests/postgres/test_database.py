@@ -542,3 +542,58 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
             },
         )
     ]
+
+
+def test_releasing_an_agent_is_one_statement_that_checks_the_key(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """POST /agents/release is one statement run as its own transaction, every lease of the
+    agent in it, with the wake-ups; with a key, the statement checks it, and a revoked key is
+    refused with nothing changed."""
+    from nulltickets.domain.commands import ReleaseAgent
+    from nulltickets.errors import Unauthorized
+
+    db, listener = open_db(), open_db()
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    tracker = Tracker(db.notifier, shared=True)
+    role, agent = unique("coder"), unique("agent")
+    now = wall_ms()
+
+    def job(b: PostgresBackend) -> list[str]:
+        pid = tracker.create_pipeline(b, pipeline(role), now)
+        return [tracker.create_task(b, CreateTask(pid, f"t{n}", ""), now) for n in range(3)]
+
+    db.write_sync(job)
+    claims = [db.write_sync(lambda b: tracker.claim(b, Claim(agent, role), now)) for _ in "ab"]
+    units: list[PostgresBackend] = []
+    key = f"key-{role}"
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=key, key_hash=role.encode(), name=role, access="agent", roles=[], now=now
+        )
+    )
+
+    def release(b: PostgresBackend) -> Any:
+        units.append(b)
+        b.confirm_key(key)
+        return tracker.release_agent(b, ReleaseAgent(agent, "stopping"), now + 1)
+
+    heard.clear()
+    got = db.write_sync(release)
+    assert units[-1].committed_alone == "release_agent"
+    assert sorted(r.run_id for r in got.released) == sorted(c.run.id for c in claims)
+    wait_for("the wake-up of the stage", lambda: bool(heard))
+    assert heard == [(role, 0)]  # one per stage and role, not one per lease
+    for c in claims:
+        run = db.read_sync(lambda b, c=c: b.run_by_id(c.run.id))
+        assert (run.status, run.ended_at_ms) == ("released", now + 1)
+
+    again = db.write_sync(lambda b: tracker.claim(b, Claim(agent, role), now + 2))
+    assert again is not None
+    db.write_sync(lambda b: b.delete_api_key(key))
+    with pytest.raises(Unauthorized):
+        db.write_sync(release)
+    assert units[-1].committed_alone is None
+    assert db.read_sync(lambda b: b.run_by_id(again.run.id)).status == "running"

@@ -599,6 +599,50 @@ def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database
 
 
 @covers("Backend.release_run")
+def test_releasing_an_agent_puts_down_each_live_lease_it_holds_and_no_other(
+    database: Database,
+) -> None:
+    """Backend.release_agent, which PostgreSQL runs as one statement: each live lease of the
+    agent, in order of expiry, released as release_run releases one (the run released with
+    the reason, the lease gone, the event recorded, the task claimable again); its expired
+    lease and another agent's lease untouched."""
+    pipeline_id = database.write_sync(lambda b: make_pipeline(b))
+    tasks = [database.write_sync(lambda b: make_task(b, pipeline_id)) for _ in range(4)]
+    agent = 'ann "the\\agent"\n é'
+    late = database.write_sync(lambda b: claimed(b, agent=agent, ttl=5_000))
+    early = database.write_sync(lambda b: claimed(b, agent=agent, ttl=3_000))
+    expired = database.write_sync(lambda b: claimed(b, agent=agent, ttl=10))
+    other = database.write_sync(lambda b: claimed(b, agent="bob", ttl=5_000))
+    assert {late.task.id, early.task.id, expired.task.id, other.task.id} == set(tasks)
+
+    def release(who: str) -> list[tuple[str, Ended]]:
+        return database.write_sync(  # type: ignore[no-any-return]
+            lambda b: b.release_agent(agent_id=who, reason="stopping", now=NOW + 100)
+        )
+
+    got = release(agent)
+    assert [(run_id, e.pipeline_id, e.task_id, e.stage) for run_id, e in got] == [
+        (early.run_id, pipeline_id, early.task.id, "todo"),
+        (late.run_id, pipeline_id, late.task.id, "todo"),
+    ]
+    for held in (early, late):
+        runs = database.read_sync(lambda b, held=held: b.list_task_runs(held.task.id, 0, 10))
+        assert [(r.id, r.status, r.ended_at_ms, r.error) for r in runs] == [
+            (held.run_id, "released", NOW + 100, "stopping")
+        ]
+        assert database.read_sync(lambda b, held=held: b.lease_by_run(held.run_id)) is None
+        events = database.read_sync(lambda b, held=held: b.list_events(held.run_id, 0, 10))
+        assert [(e.kind, e.ts_ms) for e in events] == [("released", NOW + 100)]
+        want = msgspec.json.encode({"reason": "stopping", "agent_id": agent})
+        assert bytes(events[0].data) == want
+    for untouched in (expired, other):
+        lease = database.read_sync(lambda b, u=untouched: b.lease_by_run(u.run_id))
+        assert lease is not None and lease.run_status == "running"
+    assert release(agent) == []  # once
+    again = [database.write_sync(lambda b: claimed(b, agent="cy", now=NOW + 101)) for _ in "12"]
+    assert [(c.task.id, c.attempt) for c in again] == [(late.task.id, 2), (early.task.id, 2)]
+
+
 def test_a_whole_release_needs_the_lease_ends_the_run_and_records_who_put_it_down(
     database: Database,
 ) -> None:

@@ -816,11 +816,14 @@ class Leases(TrackerBase):
         cli="pause",
     )
     def release_agent(self, b: Backend, cmd: commands.ReleaseAgent, now: int) -> AgentReleased:
-        """Release every live lease `cmd.agent_id` holds (an agent stopping on purpose)."""
-        agent_id, reason = cmd.agent_id, cmd.reason
+        """Release every live lease `cmd.agent_id` holds (an agent stopping on purpose): one
+        call of `Backend.release_agent` (on PostgreSQL one statement)."""
         released = []
-        for run_id in b.leases_of_agent(agent_id):
-            lease = b.lease_by_run(run_id)
-            if lease is not None and lease.expires_at_ms > now:
-                released.append(self.release(b, lease, ReleaseRun(reason or "agent paused"), now))
-        return AgentReleased(agent_id, released)
+        ended_all = b.release_agent(
+            agent_id=cmd.agent_id, reason=cmd.reason or "agent paused", now=now
+        )
+        for run_id, ended in ended_all:
+            if not ended.notified:
+                self._signal(b, ended.pipeline_id, ended.stage)
+            released.append(Released("released", run_id, ended.task_id))
+        return AgentReleased(cmd.agent_id, released)

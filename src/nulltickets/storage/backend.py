@@ -116,9 +116,9 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """What `Backend.release_run` did: the run of the task of the pipeline, in `stage`, was
-    released; `notified` when the wake-up of that stage went with it (else the caller sends
-    it)."""
+    """What `Backend.release_run` (or `release_agent`, for each lease) did: the run of the
+    task of the pipeline, in `stage`, was released; `notified` when the wake-up of that stage
+    went with it (else the caller sends it)."""
 
     pipeline_id: str
     task_id: str
@@ -854,6 +854,26 @@ class Backend:
         data = {"reason": reason or "released", "agent_id": lease.agent_id}
         self.insert_event(run_id, "released", _encode(data).decode(), now)
         return Ended(lease.pipeline_id, lease.task_id, lease.stage, False)
+
+    def release_agent(self, *, agent_id: str, reason: str, now: int) -> list[tuple[str, Ended]]:
+        """Every live lease `agent_id` holds released in one go, in order of expiry: for each,
+        what release_run does (its run ended released with error text `reason`, the lease
+        deleted, the `released` event with `reason` and the agent). (run id, what ended) of
+        each. Composed here of the statements it names; a backend may run it as one statement
+        (PostgreSQL: release_agent), which also sends the wake-ups (Ended.notified)."""
+        released: list[tuple[str, Ended]] = []
+        for run_id in self.leases_of_agent(agent_id):
+            lease = self.lease_by_run(run_id)
+            if lease is None or lease.expires_at_ms <= now or lease.run_status != "running":
+                continue
+            # The lease is live and its run is running in this unit of work: the end cannot fail.
+            if not self.end_run(run_id, "released", "{}", reason, now):
+                raise StorageBusy("the run ended at the same moment")
+            self.delete_lease(lease.id)
+            data = {"reason": reason, "agent_id": lease.agent_id}
+            self.insert_event(run_id, "released", _encode(data).decode(), now)
+            released.append((run_id, Ended(lease.pipeline_id, lease.task_id, lease.stage, False)))
+        return released
 
     def extend_held_lease(
         self,

@@ -67,6 +67,7 @@ ALONE = frozenset(
         "checkpoint_run",
         "fail_run",
         "release_run",
+        "release_agent",
     }
 )
 
@@ -381,6 +382,20 @@ class PostgresBackend(Backend):
             self._wrote_nothing()
             return None
         return Ended(row[0], row[1], row[2], True)
+
+    def release_agent(self, *, agent_id: str, reason: str, now: int) -> list[tuple[str, Ended]]:
+        # release_agent: the statements of Backend.release_agent as one, with the wake-ups.
+        params = {
+            "agent_id": agent_id,
+            "reason": reason,
+            "reason_json": _encode(reason).decode(),
+            "now": now,
+        }
+        rows = self._all("release_agent", params)
+        if not rows:
+            self._wrote_nothing()
+            self._confirm_unconfirmed_key()  # no live lease, or the key is gone
+        return [(row[0], Ended(row[1], row[2], row[3], True)) for row in rows]
 
     def extend_held_lease(
         self,

@@ -926,6 +926,72 @@ SELECT
     )
 FROM done AS d;
 
+-- release_agent --
+-- Backend.release_agent in one statement (its own transaction: see PostgresBackend.ALONE): each
+-- live lease of :agent_id whose run is running, locked with its task (task first), then what
+-- release_run does to one lease, to each: end_run (released, :reason its error text),
+-- delete_lease, the `released` event (:reason_json, the reason as JSON, and the agent) and the
+-- wake-up of the roles of the task's stage. A row per lease released, in order of expiry; none
+-- when the agent holds no live lease, or the key (:key_id) is gone.
+WITH held AS (
+    SELECT l.id, l.run_id, l.agent_id, l.expires_at_ms, r.task_id, t.stage, t.pipeline_id
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.agent_id = :agent_id
+        AND l.expires_at_ms > :now
+        AND (
+            :key_id::text IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
+        )
+        AND r.status = 'running'
+    FOR UPDATE OF t, l
+),
+ended AS (
+    UPDATE runs AS r
+    SET status = 'released', ended_at_ms = :now, usage_json = '{}', error_text = :reason
+    FROM held AS h
+    WHERE r.id = h.run_id AND r.status = 'running'
+    RETURNING r.id
+),
+done AS (
+    SELECT h.*
+    FROM held AS h
+    JOIN ended AS e ON e.id = h.run_id
+),
+gone AS (
+    DELETE FROM leases AS l
+    USING done AS d
+    WHERE l.id = d.id
+    RETURNING l.id
+),
+recorded AS (
+    INSERT INTO events (run_id, ts_ms, kind, data_json)
+    SELECT
+        d.run_id,
+        :now,
+        'released',
+        '{"reason":' || :reason_json::text || ',"agent_id":' || to_json(d.agent_id)::text || '}'
+    FROM done AS d
+    ORDER BY d.expires_at_ms, d.run_id
+    RETURNING id
+),
+woken AS (
+    SELECT count(*) AS sent
+    FROM (
+        SELECT pg_notify('nulltickets_claimable', s.agent_role || E'\t0')
+        FROM pipeline_stages AS s
+        JOIN (SELECT DISTINCT pipeline_id, stage FROM done) AS d
+            ON s.pipeline_id = d.pipeline_id AND s.stage = d.stage
+        WHERE s.agent_role IS NOT NULL
+    ) AS n
+)
+SELECT
+    d.run_id, d.pipeline_id, d.task_id, d.stage,
+    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded) + (SELECT sent FROM woken)
+FROM done AS d
+ORDER BY d.expires_at_ms, d.run_id;
+
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
 -- Not one-to-one: the task and the lease are locked (task first, see the top), as by
