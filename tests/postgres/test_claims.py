@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from nulltickets.domain.ids import new_id
+from nulltickets.storage.backend import NewPipeline
+from nulltickets.storage.postgres.backend import LostRace, PostgresBackend
 from tests.conftest import unique
 from tests.postgres.sql import all_rows, make_pipeline, make_task, one, run
 
@@ -64,7 +68,12 @@ def claim(
         return task_id, False
 
 
-def claim_all(dsn: str, role: str, claimers: int) -> tuple[list[str], int]:
+def claim_all(
+    dsn: str,
+    role: str,
+    claimers: int,
+    claim_once: Callable[[Conn, str, str], tuple[str | None, bool]] | None = None,
+) -> tuple[list[str], int]:
     """`claimers` threads, each on its own connection, released together by a barrier, claim
     until nothing is left: (every task id claimed, in any order; races lost)."""
     claimed: list[str] = []
@@ -77,7 +86,7 @@ def claim_all(dsn: str, role: str, claimers: int) -> tuple[list[str], int]:
             with psycopg.connect(dsn) as conn:
                 barrier.wait(timeout=30)
                 while True:
-                    task_id, race = claim(conn, role, f"agent-{n}")
+                    task_id, race = (claim_once or claim)(conn, role, f"agent-{n}")
                     if race:
                         lost.append(n)
                     elif task_id is None:
@@ -111,6 +120,48 @@ def test_concurrent_claimers_never_get_the_same_task(pg_shared_dsn: str, pg_conn
             "SELECT DISTINCT fence FROM tasks WHERE pipeline_id = %s", (pipeline_id,)
         ).fetchall()
         assert fences == [(1,)]  # one claim (one fence bump) per task
+
+
+def whole_claim(conn: Conn, role: str, agent: str) -> tuple[str | None, bool]:
+    """One claim as PostgresBackend.claim makes it, the one statement claim_task: (task id
+    or None, whether a race was lost)."""
+    backend = PostgresBackend(conn, writing=True)
+    try:
+        got = backend.claim(
+            agent_role=role,
+            agent_id=agent,
+            run_id=new_id(),
+            lease_id=new_id(),
+            token_hash=b"hash",
+            ttl_ms=60_000,
+            stage_ttls=(),
+            default_ttl_ms=60_000,
+            full_stages=(),
+            capped=(),
+            known_pipelines=None,
+            now=NOW,
+        )
+    except LostRace:
+        return None, True
+    assert not isinstance(got, NewPipeline)
+    return (got.task.id if got is not None else None), False
+
+
+@pytest.mark.parametrize("how", ["step by step", "one statement"])
+def test_claimers_at_once_lose_no_race(pg_shared_dsn: str, pg_conn: Conn, how: str) -> None:
+    """A claim passes over a task another claim took and committed after the claim's
+    snapshot was taken (claim_candidate's fence condition). Without it, the task's row lock
+    and recheck let it through, and the run's insert lost to runs_one_running_per_task: with
+    six claimers at once, about one claim in five, each a statement spent for nothing."""
+    claim_once = whole_claim if how == "one statement" else claim
+    for _round in range(6):
+        role = unique("coder")
+        pipeline_id = make_pipeline(pg_conn, role)
+        created = {make_task(pg_conn, pipeline_id, priority=i % 3) for i in range(60)}
+        pg_conn.commit()
+        claimed, lost = claim_all(pg_shared_dsn, role, claimers=6, claim_once=claim_once)
+        assert sorted(claimed) == sorted(created)
+        assert lost == 0
 
 
 def test_a_claim_rewrites_its_task_on_the_same_page(pg_dsn: str) -> None:

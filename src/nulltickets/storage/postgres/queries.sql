@@ -179,11 +179,15 @@ WHERE r.status = 'running' AND t.stage = :stage;
 -- Cost depends on the number of stages and of skipped rows, never on finished tasks. Not
 -- one-to-one: the runners-up stay locked until this transaction ends, so a concurrent claim
 -- passes over them too. Stages at their concurrency limit come as JSONB: :full_stages an array
--- of stage names, :full_pairs an array of [pipeline_id, stage]; NULL when there are none. A
--- task claimed and committed by another server between this statement's snapshot and its
--- row lock can still come back (PostgreSQL rechecks the task row, not the NOT EXISTS below):
--- insert_run then returns no row, because of runs_one_running_per_task, and the backend
--- claims again.
+-- of stage names, :full_pairs an array of [pipeline_id, stage]; NULL when there are none.
+-- A task another claim took and committed between this statement's snapshot and its row lock
+-- is passed over. PostgreSQL locks the newest version of the row and checks this WHERE again
+-- against it, but the NOT EXISTS on runs reads the snapshot, which does not see the new run;
+-- the task's fence, raised by every claim in the same transaction as its run, does differ from
+-- the fence the snapshot reads in the subquery. Without that condition, one claim in five lost
+-- such a race with six claimers at once, and its statement was spent for nothing. Should a
+-- task still come back claimed (a fence raised in another way), insert_run returns no row,
+-- because of runs_one_running_per_task, and the backend claims again.
 SELECT
     c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
     c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
@@ -221,6 +225,8 @@ CROSS JOIN LATERAL (
                 WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
             )
         )
+        -- The fence this statement's snapshot sees, as the row lock sees it (see above).
+        AND t.fence = (SELECT f.fence FROM tasks AS f WHERE f.id = t.id)
     ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
     LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
@@ -283,6 +289,7 @@ WITH candidate AS (
                     WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
                 )
             )
+            AND t.fence = (SELECT f.fence FROM tasks AS f WHERE f.id = t.id)
         ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED
