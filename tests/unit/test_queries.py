@@ -84,3 +84,34 @@ def test_pyformat_doubles_every_literal_percent_sign() -> None:
 def test_named_paramstyle_keeps_the_text_as_written() -> None:
     text = "-- q --\nSELECT :a::text, 7 % 2;\n"
     assert parse_queries(text) == parse_queries(text, "named") == {"q": "SELECT :a::text, 7 % 2;"}
+
+
+def test_a_fragment_fills_each_place_that_names_it_and_is_no_query_of_its_own() -> None:
+    sql = (
+        "-- fragment live --\n-- says what\nexpires_at_ms > :now  -- a comment\n\n"
+        "-- fragment mine --\nagent_id = :agent AND {live}\n\n"
+        "-- q --\nSELECT id\nFROM leases\nWHERE {mine};\n\n"
+        "-- r --\nDELETE FROM leases WHERE {live};\n"
+    )
+    assert parse_queries(sql) == {
+        "q": "SELECT id\nFROM leases\nWHERE agent_id = :agent AND expires_at_ms > :now;",
+        "r": "DELETE FROM leases WHERE expires_at_ms > :now;",
+    }
+    assert (
+        parse_queries(sql, "pyformat")["r"] == "DELETE FROM leases WHERE expires_at_ms > %(now)s;"
+    )
+
+
+def test_braces_inside_a_literal_are_text_and_an_unknown_place_is_refused() -> None:
+    sql = "-- q --\nSELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[];\n"
+    assert parse_queries(sql)["q"] == "SELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[];"
+    with pytest.raises(ValueError, match=r"uses \{live\}, which is no fragment"):
+        parse_queries("-- q --\nSELECT 1 WHERE {live};\n")
+    with pytest.raises(ValueError, match="no fragment"):  # a query is no fragment
+        parse_queries("-- live --\nSELECT 1;\n\n-- q --\nSELECT 1 WHERE {live};\n")
+
+
+def test_a_fragment_that_contains_itself_is_refused() -> None:
+    sql = "-- fragment a --\nx AND {b}\n\n-- fragment b --\ny AND {a}\n\n-- q --\nSELECT {a};\n"
+    with pytest.raises(ValueError, match="contains itself: q -> a -> b -> a"):
+        parse_queries(sql)

@@ -9,9 +9,15 @@ into both backends' files; one that comes to be the same moves into the shared f
 (tests/unit/test_queries_shared.py fails on a copy in both backends' files).
 
 A block starts with a line `-- name --`; following comment lines describe it; the statement
-runs to the next block header. Parameters are written `:name` in every file; for psycopg
-(paramstyle "pyformat") they become `%(name)s` and a literal `%` becomes `%%`, outside string
-literals, quoted identifiers and comments (`::type` casts stay as they are).
+runs to the next block header. A block headed `-- fragment name --` is no statement but a
+piece of several: a statement (or another fragment) writes `{name}` where the piece goes and
+gets its text there, parameters and all. A fragment serves the file it is in only and is not
+among the queries returned; an unknown `{name}`, or a fragment that contains itself, is
+refused. Braces inside string literals (JSON, arrays) are text, never a fragment's place.
+
+Parameters are written `:name` in every file; for psycopg (paramstyle "pyformat") they become
+`%(name)s` and a literal `%` becomes `%%`, outside string literals, quoted identifiers and
+comments (`::type` casts stay as they are).
 
 The comments are for readers of the file: the statement a driver gets has none, nor any
 indentation or empty line. apsw finds a prepared statement by hashing and comparing its whole
@@ -27,7 +33,16 @@ from typing import Literal, LiteralString
 
 Paramstyle = Literal["named", "pyformat"]
 
-_HEADER = re.compile(r"^-- ([a-z0-9_]+) --\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- (fragment )?([a-z0-9_]+) --\s*$", re.MULTILINE)
+
+# Whatever a fragment's place can never be inside, then the place: {name}.
+_PLACE = re.compile(
+    r"""'(?:[^']|'')*'"""  # string literal
+    r'''|"(?:[^"]|"")*"'''  # quoted identifier
+    r"|\$\$.*?\$\$"  # dollar-quoted body
+    r"|\{([a-z0-9_]+)\}",
+    re.DOTALL,
+)
 
 # Whatever a parameter can never be inside, then a parameter, then a bare %.
 _TOKEN = re.compile(
@@ -80,16 +95,42 @@ def _pyformat(sql: str) -> str:
     return _TOKEN.sub(replace, sql)
 
 
+def _assemble(
+    name: str, blocks: dict[str, str], fragments: set[str], using: tuple[str, ...]
+) -> str:
+    """Block `name` with each `{fragment}` place filled in, fragments within fragments too."""
+    if name in using:
+        raise ValueError(f"fragment {name!r} contains itself: {' -> '.join((*using, name))}")
+
+    def fill(match: re.Match[str]) -> str:
+        piece = match.group(1)
+        if piece is None:
+            return match.group(0)
+        if piece not in fragments:
+            raise ValueError(f"{name!r} uses {{{piece}}}, which is no fragment of its file")
+        return _assemble(piece, blocks, fragments, (*using, name))
+
+    return _PLACE.sub(fill, blocks[name])
+
+
 def parse_queries(text: str, paramstyle: Paramstyle = "named") -> dict[str, LiteralString]:
     parts = _HEADER.split(text)
-    queries: dict[str, LiteralString] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
+    blocks: dict[str, str] = {}
+    fragments: set[str] = set()
+    for fragment, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if name in blocks:
             raise ValueError(f"query {name!r} is defined twice")
-        sql = _compact(body)
+        blocks[name] = _compact(body)
+        if fragment:
+            fragments.add(name)
+    queries: dict[str, LiteralString] = {}
+    for name in blocks:
+        if name in fragments:
+            continue
+        sql = _assemble(name, blocks, fragments, ())
         if paramstyle == "pyformat":
             sql = _pyformat(sql)
-        queries[name] = sql  # text of our own files, never built from input
+        queries[name] = sql  # type: ignore[assignment]  # our own files' text, never input
     return queries
 
 

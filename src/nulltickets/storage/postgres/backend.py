@@ -381,7 +381,7 @@ class PostgresBackend(Backend):
         if row is None:
             self._wrote_nothing()
             return None
-        return Ended(row[0], row[1], row[2], True)
+        return Ended(row[1], row[2], row[3], True)
 
     def release_agent(self, *, agent_id: str, reason: str, now: int) -> list[tuple[str, Ended]]:
         # release_agent: the statements of Backend.release_agent as one, with the wake-ups.

@@ -18,6 +18,24 @@
 -- live_lease_of_task). A claim holds the task rows it chose (claim_candidate), so it never
 -- waits for a run being ended while holding one: its SKIP LOCKED passes over that task.
 
+-- fragment key_exists --
+-- The key of the request (:key_id), when one is to be confirmed, still exists: a statement of
+-- ALONE changes nothing for a revoked key.
+(:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS ak WHERE ak.id = :key_id::text))
+
+-- fragment held_lease --
+-- The lease of run :run_id (l), its run (r) and task (t), only if the lease is held with
+-- :token_hash, is live at :now, has :fence when one is given, and the request's key exists:
+-- what every request under a lease checks, as Backend._held does step by step.
+FROM leases AS l
+JOIN runs AS r ON r.id = l.run_id
+JOIN tasks AS t ON t.id = r.task_id
+WHERE l.run_id = :run_id
+    AND l.token_hash = :token_hash
+    AND l.expires_at_ms > :now
+    AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
+    AND {key_exists}
+
 -- list_pipelines --
 -- seq is the insertion order that SQLite's rowid gives.
 SELECT id, name, definition_json, created_at_ms
@@ -295,7 +313,7 @@ WITH candidate AS (
         FOR UPDATE OF t SKIP LOCKED
     ) AS c
     WHERE s.agent_role = :agent_role
-        AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS ak WHERE ak.id = :key_id::text))
+        AND {key_exists}
         AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
         AND NOT EXISTS (
             SELECT 1
@@ -449,7 +467,7 @@ WHERE l.run_id = :run_id
     AND l.token_hash = :token_hash
     AND l.expires_at_ms > :now
     AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
-    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
+    AND {key_exists}
 LIMIT 1
 -- Not one-to-one: the lease row is share-locked, so a transition or release of the run in
 -- progress elsewhere finishes first (and this insert then finds no lease), as on SQLite.
@@ -472,7 +490,7 @@ WHERE id = :id
     AND token_hash = :token_hash
     AND expires_at_ms > :now
     AND (:fence::bigint IS NULL OR fence = :fence::bigint)
-    AND (:key_id::text IS NULL OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text))
+    AND {key_exists}
 RETURNING expires_at_ms;
 
 -- transition_run --
@@ -489,17 +507,7 @@ RETURNING expires_at_ms;
 -- (the caller finds out why).
 WITH held AS (
     SELECT l.id, l.run_id, r.task_id, t.stage, t.task_version, t.pipeline_id
-    FROM leases AS l
-    JOIN runs AS r ON r.id = l.run_id
-    JOIN tasks AS t ON t.id = r.task_id
-    WHERE l.run_id = :run_id
-        AND l.token_hash = :token_hash
-        AND l.expires_at_ms > :now
-        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
-        AND (
-            :key_id::text IS NULL
-            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
-        )
+    {held_lease}
         AND r.status = 'running'
         AND (:expected_stage::text IS NULL OR t.stage = :expected_stage::text)
         AND (
@@ -606,17 +614,7 @@ FROM done AS d;
 -- can miss). No row: nothing was changed (the caller finds out why).
 WITH held AS (
     SELECT l.id, l.run_id, r.task_id, l.fence
-    FROM leases AS l
-    JOIN runs AS r ON r.id = l.run_id
-    JOIN tasks AS t ON t.id = r.task_id
-    WHERE l.run_id = :run_id
-        AND l.token_hash = :token_hash
-        AND l.expires_at_ms > :now
-        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
-        AND (
-            :key_id::text IS NULL
-            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
-        )
+    {held_lease}
     FOR UPDATE OF t, l
 ),
 merged AS (
@@ -670,17 +668,7 @@ WITH held AS (
     SELECT
         l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
         t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
-    FROM leases AS l
-    JOIN runs AS r ON r.id = l.run_id
-    JOIN tasks AS t ON t.id = r.task_id
-    WHERE l.run_id = :run_id
-        AND l.token_hash = :token_hash
-        AND l.expires_at_ms > :now
-        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
-        AND (
-            :key_id::text IS NULL
-            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
-        )
+    {held_lease}
         AND r.status = 'running'
         AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
         AND NOT :unreadable::jsonb ? t.pipeline_id
@@ -866,94 +854,15 @@ SELECT
     )
 FROM done AS d;
 
--- release_run --
--- Backend.release_run in one statement (its own transaction: see PostgresBackend.ALONE): the
--- lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
--- :token_hash, live, with :fence when given, and its run running; then end_run (released,
--- :reason its error text), delete_lease and insert_event of the `released` event (:reason_json,
--- the reason as JSON, and the lease's agent), each on the locked rows (none can miss), and the
--- wake-up of the roles of the task's stage (notify's channel and line): it is claimable again.
--- No row: nothing was changed (the caller finds out why).
-WITH held AS (
-    SELECT l.id, l.run_id, l.agent_id, r.task_id, t.stage, t.pipeline_id
-    FROM leases AS l
-    JOIN runs AS r ON r.id = l.run_id
-    JOIN tasks AS t ON t.id = r.task_id
-    WHERE l.run_id = :run_id
-        AND l.token_hash = :token_hash
-        AND l.expires_at_ms > :now
-        AND (:fence::bigint IS NULL OR l.fence = :fence::bigint)
-        AND (
-            :key_id::text IS NULL
-            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
-        )
-        AND r.status = 'running'
-    FOR UPDATE OF t, l
-),
-ended AS (
-    UPDATE runs AS r
-    SET status = 'released', ended_at_ms = :now, usage_json = '{}', error_text = :reason
-    FROM held AS h
-    WHERE r.id = h.run_id AND r.status = 'running'
-    RETURNING r.id
-),
-done AS (
-    SELECT h.*
-    FROM held AS h
-    JOIN ended AS e ON e.id = h.run_id
-),
-gone AS (
-    DELETE FROM leases AS l
-    USING done AS d
-    WHERE l.id = d.id
-    RETURNING l.id
-),
-recorded AS (
-    INSERT INTO events (run_id, ts_ms, kind, data_json)
-    SELECT
-        d.run_id,
-        :now,
-        'released',
-        '{"reason":' || :reason_json::text || ',"agent_id":' || to_json(d.agent_id)::text || '}'
-    FROM done AS d
-    RETURNING id
-)
-SELECT
-    d.pipeline_id, d.task_id, d.stage,
-    (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded),
-    (
-        SELECT count(*)
-        FROM (
-            SELECT pg_notify('nulltickets_claimable', s.agent_role || E'\t0')
-            FROM pipeline_stages AS s
-            WHERE s.pipeline_id = d.pipeline_id
-                AND s.stage = d.stage
-                AND s.agent_role IS NOT NULL
-        ) AS sent
-    )
-FROM done AS d;
-
--- release_agent --
--- Backend.release_agent in one statement (its own transaction: see PostgresBackend.ALONE): each
--- live lease of :agent_id whose run is running, locked with its task (task first), then what
--- release_run does to one lease, to each: end_run (released, :reason its error text),
--- delete_lease, the `released` event (:reason_json, the reason as JSON, and the agent) and the
--- wake-up of the roles of the task's stage. A row per lease released, in order of expiry; none
--- when the agent holds no live lease, or the key (:key_id) is gone.
-WITH held AS (
-    SELECT l.id, l.run_id, l.agent_id, l.expires_at_ms, r.task_id, t.stage, t.pipeline_id
-    FROM leases AS l
-    JOIN runs AS r ON r.id = l.run_id
-    JOIN tasks AS t ON t.id = r.task_id
-    WHERE l.agent_id = :agent_id
-        AND l.expires_at_ms > :now
-        AND (
-            :key_id::text IS NULL
-            OR EXISTS (SELECT 1 FROM api_keys AS k WHERE k.id = :key_id::text)
-        )
-        AND r.status = 'running'
-    FOR UPDATE OF t, l
-),
+-- fragment release_held --
+-- The rest of release_run and release_agent, after their CTE `held` (each lease to release,
+-- its run and task locked, task first: id, run_id, agent_id, expires_at_ms, task_id, stage,
+-- pipeline_id): for each, end_run (released, :reason its error text), delete_lease and
+-- insert_event of the `released` event (:reason_json, the reason as JSON, and the lease's
+-- agent), each on the locked rows (none can miss), and once for each stage the wake-up of its
+-- roles (notify's channel and line): the tasks are claimable again. A row for each lease
+-- released, in order of expiry: run_id, pipeline_id, task_id, stage, and a count that makes
+-- PostgreSQL run every part.
 ended AS (
     UPDATE runs AS r
     SET status = 'released', ended_at_ms = :now, usage_json = '{}', error_text = :reason
@@ -997,7 +906,38 @@ SELECT
     d.run_id, d.pipeline_id, d.task_id, d.stage,
     (SELECT count(*) FROM gone) + (SELECT count(*) FROM recorded) + (SELECT sent FROM woken)
 FROM done AS d
-ORDER BY d.expires_at_ms, d.run_id;
+ORDER BY d.expires_at_ms, d.run_id
+
+-- release_run --
+-- Backend.release_run in one statement (its own transaction: see PostgresBackend.ALONE): the
+-- lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence when given, and its run running; then release_held. No row:
+-- nothing was changed (the caller finds out why).
+WITH held AS (
+    SELECT l.id, l.run_id, l.agent_id, l.expires_at_ms, r.task_id, t.stage, t.pipeline_id
+    {held_lease}
+        AND r.status = 'running'
+    FOR UPDATE OF t, l
+),
+{release_held};
+
+-- release_agent --
+-- Backend.release_agent in one statement (its own transaction: see PostgresBackend.ALONE): each
+-- live lease of :agent_id whose run is running, locked with its task (task first), then
+-- release_held: a row for each, in order of expiry; none when the agent holds no live lease,
+-- or the key (:key_id) is gone.
+WITH held AS (
+    SELECT l.id, l.run_id, l.agent_id, l.expires_at_ms, r.task_id, t.stage, t.pipeline_id
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.agent_id = :agent_id
+        AND l.expires_at_ms > :now
+        AND {key_exists}
+        AND r.status = 'running'
+    FOR UPDATE OF t, l
+),
+{release_held};
 
 -- live_lease_of_task --
 -- The lease of the task's running run, if any (at most one: runs_one_running_per_task).
