@@ -189,6 +189,46 @@ FROM runs AS r
 JOIN tasks AS t ON t.id = r.task_id
 WHERE r.status = 'running' AND t.stage = :stage;
 
+-- fragment best_in_stage --
+-- The choice of claim_candidate and claim_task in the stage of pipeline_stages s: its best
+-- claimable task, locked. Its last condition is the fence the snapshot sees, as the row lock
+-- sees it (see claim_candidate).
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+FROM tasks AS t
+WHERE t.pipeline_id = s.pipeline_id
+    AND t.stage = s.stage
+    AND t.dead_letter_reason IS NULL
+    AND t.next_eligible_at_ms <= :now
+    AND NOT EXISTS (
+        SELECT 1 FROM runs AS r
+        WHERE r.task_id = t.id AND r.status = 'running'
+    )
+    AND NOT EXISTS (
+        SELECT 1
+        FROM task_dependencies AS d
+        JOIN tasks AS u ON u.id = d.depends_on_task_id
+        LEFT JOIN pipeline_stages AS us
+            ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
+        WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
+    )
+    AND (
+        NOT EXISTS (
+            SELECT 1 FROM task_assignments AS a
+            WHERE a.task_id = t.id AND a.active
+        )
+        OR EXISTS (
+            SELECT 1 FROM task_assignments AS a
+            WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
+        )
+    )
+    AND t.fence = (SELECT f.fence FROM tasks AS f WHERE f.id = t.id)
+ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
+LIMIT 1
+FOR UPDATE OF t SKIP LOCKED
+
 -- claim_candidate --
 -- For each (pipeline, stage) the role works on, walk idx_tasks_claim in priority order to the
 -- first eligible task that no other transaction holds, and lock it (FOR UPDATE SKIP LOCKED:
@@ -211,44 +251,7 @@ SELECT
     c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
     c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
 FROM pipeline_stages AS s
-CROSS JOIN LATERAL (
-    SELECT
-        t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
-        t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
-        t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
-    FROM tasks AS t
-    WHERE t.pipeline_id = s.pipeline_id
-        AND t.stage = s.stage
-        AND t.dead_letter_reason IS NULL
-        AND t.next_eligible_at_ms <= :now
-        AND NOT EXISTS (
-            SELECT 1 FROM runs AS r
-            WHERE r.task_id = t.id AND r.status = 'running'
-        )
-        AND NOT EXISTS (
-            SELECT 1
-            FROM task_dependencies AS d
-            JOIN tasks AS u ON u.id = d.depends_on_task_id
-            LEFT JOIN pipeline_stages AS us
-                ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
-            WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
-        )
-        AND (
-            NOT EXISTS (
-                SELECT 1 FROM task_assignments AS a
-                WHERE a.task_id = t.id AND a.active
-            )
-            OR EXISTS (
-                SELECT 1 FROM task_assignments AS a
-                WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
-            )
-        )
-        -- The fence this statement's snapshot sees, as the row lock sees it (see above).
-        AND t.fence = (SELECT f.fence FROM tasks AS f WHERE f.id = t.id)
-    ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
-    LIMIT 1
-    FOR UPDATE OF t SKIP LOCKED
-) AS c
+CROSS JOIN LATERAL ({best_in_stage}) AS c
 WHERE s.agent_role = :agent_role
     AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
     AND (
@@ -275,43 +278,7 @@ WITH candidate AS (
         c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
         c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms
     FROM pipeline_stages AS s
-    CROSS JOIN LATERAL (
-        SELECT
-            t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
-            t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
-            t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
-        FROM tasks AS t
-        WHERE t.pipeline_id = s.pipeline_id
-            AND t.stage = s.stage
-            AND t.dead_letter_reason IS NULL
-            AND t.next_eligible_at_ms <= :now
-            AND NOT EXISTS (
-                SELECT 1 FROM runs AS r
-                WHERE r.task_id = t.id AND r.status = 'running'
-            )
-            AND NOT EXISTS (
-                SELECT 1
-                FROM task_dependencies AS d
-                JOIN tasks AS u ON u.id = d.depends_on_task_id
-                LEFT JOIN pipeline_stages AS us
-                    ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
-                WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
-            )
-            AND (
-                NOT EXISTS (
-                    SELECT 1 FROM task_assignments AS a
-                    WHERE a.task_id = t.id AND a.active
-                )
-                OR EXISTS (
-                    SELECT 1 FROM task_assignments AS a
-                    WHERE a.task_id = t.id AND a.active AND a.agent_id = :agent_id
-                )
-            )
-            AND t.fence = (SELECT f.fence FROM tasks AS f WHERE f.id = t.id)
-        ORDER BY t.priority DESC, t.created_at_ms ASC, t.seq ASC
-        LIMIT 1
-        FOR UPDATE OF t SKIP LOCKED
-    ) AS c
+    CROSS JOIN LATERAL ({best_in_stage}) AS c
     WHERE s.agent_role = :agent_role
         AND {key_exists}
         AND (:full_stages::jsonb IS NULL OR NOT (:full_stages::jsonb ? s.stage))
