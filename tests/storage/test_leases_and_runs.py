@@ -598,7 +598,7 @@ def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database
     )
 
 
-@covers("Backend.release_run")
+@covers("Backend.release_agent")
 def test_releasing_an_agent_puts_down_each_live_lease_it_holds_and_no_other(
     database: Database,
 ) -> None:
@@ -643,6 +643,7 @@ def test_releasing_an_agent_puts_down_each_live_lease_it_holds_and_no_other(
     assert [(c.task.id, c.attempt) for c in again] == [(late.task.id, 2), (early.task.id, 2)]
 
 
+@covers("Backend.release_run")
 def test_a_whole_release_needs_the_lease_ends_the_run_and_records_who_put_it_down(
     database: Database,
 ) -> None:

@@ -102,13 +102,19 @@ def test_a_fragment_fills_each_place_that_names_it_and_is_no_query_of_its_own() 
     )
 
 
-def test_braces_inside_a_literal_are_text_and_an_unknown_place_is_refused() -> None:
-    sql = "-- q --\nSELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[];\n"
-    assert parse_queries(sql)["q"] == "SELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[];"
-    with pytest.raises(ValueError, match=r"uses \{live\}, which is no fragment"):
-        parse_queries("-- q --\nSELECT 1 WHERE {live};\n")
-    with pytest.raises(ValueError, match="no fragment"):  # a query is no fragment
-        parse_queries("-- live --\nSELECT 1;\n\n-- q --\nSELECT 1 WHERE {live};\n")
+def test_braces_in_a_literal_or_naming_no_fragment_stay_as_written() -> None:
+    sql = (
+        "-- fragment live --\nexpires_at_ms > :now\n\n"
+        "-- q --\nSELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[] FROM {table} WHERE {live};\n"
+    )
+    assert parse_queries(sql)["q"] == (
+        "SELECT '{live}', '{\"a\": 1}'::jsonb, '{1,2}'::int[] FROM {table} "
+        "WHERE expires_at_ms > :now;"
+    )
+    # A query is no fragment: its name in braces is text too.
+    assert parse_queries("-- live --\nSELECT 1;\n\n-- q --\nSELECT {live};\n")["q"] == (
+        "SELECT {live};"
+    )
 
 
 def test_a_fragment_that_contains_itself_is_refused() -> None:

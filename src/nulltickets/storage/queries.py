@@ -12,8 +12,9 @@ A block starts with a line `-- name --`; following comment lines describe it; th
 runs to the next block header. A block headed `-- fragment name --` is no statement but a
 piece of several: a statement (or another fragment) writes `{name}` where the piece goes and
 gets its text there, parameters and all. A fragment serves the file it is in only and is not
-among the queries returned; an unknown `{name}`, or a fragment that contains itself, is
-refused. Braces inside string literals (JSON, arrays) are text, never a fragment's place.
+among the queries returned; a fragment that contains itself is refused. A `{name}` that names
+no fragment of the file stays as written (transfer.sql's `{table}` and `{columns}`, which
+psycopg's `sql.SQL.format` fills), and braces inside string literals (JSON, arrays) are text.
 
 Parameters are written `:name` in every file; for psycopg (paramstyle "pyformat") they become
 `%(name)s` and a literal `%` becomes `%%`, outside string literals, quoted identifiers and
@@ -104,10 +105,8 @@ def _assemble(
 
     def fill(match: re.Match[str]) -> str:
         piece = match.group(1)
-        if piece is None:
+        if piece is None or piece not in fragments:
             return match.group(0)
-        if piece not in fragments:
-            raise ValueError(f"{name!r} uses {{{piece}}}, which is no fragment of its file")
         return _assemble(piece, blocks, fragments, (*using, name))
 
     return _PLACE.sub(fill, blocks[name])
