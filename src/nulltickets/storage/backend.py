@@ -847,13 +847,7 @@ class Backend:
         lease = self.lease_by_run(run_id)
         if not _held(lease, token_hash, fence, now) or lease.run_status != "running":
             return None
-        # The lease is held and its run is running in this unit of work: the end cannot fail.
-        if not self.end_run(run_id, "released", "{}", reason, now):
-            raise StorageBusy("the run ended at the same moment")
-        self.delete_lease(lease.id)
-        data = {"reason": reason or "released", "agent_id": lease.agent_id}
-        self.insert_event(run_id, "released", _encode(data).decode(), now)
-        return Ended(lease.pipeline_id, lease.task_id, lease.stage, False)
+        return self._release(lease, reason, now)
 
     def release_agent(self, *, agent_id: str, reason: str, now: int) -> list[tuple[str, Ended]]:
         """Every live lease `agent_id` holds released in one go, in order of expiry: for each,
@@ -866,14 +860,19 @@ class Backend:
             lease = self.lease_by_run(run_id)
             if lease is None or lease.expires_at_ms <= now or lease.run_status != "running":
                 continue
-            # The lease is live and its run is running in this unit of work: the end cannot fail.
-            if not self.end_run(run_id, "released", "{}", reason, now):
-                raise StorageBusy("the run ended at the same moment")
-            self.delete_lease(lease.id)
-            data = {"reason": reason, "agent_id": lease.agent_id}
-            self.insert_event(run_id, "released", _encode(data).decode(), now)
-            released.append((run_id, Ended(lease.pipeline_id, lease.task_id, lease.stage, False)))
+            released.append((run_id, self._release(lease, reason, now)))
         return released
+
+    def _release(self, lease: LeaseRow, reason: str | None, now: int) -> Ended:
+        """Release `lease`, live and its run running in this unit of work (so the end cannot
+        fail): the run ended released (error text `reason`), the lease deleted, the
+        `released` event (the reason, else "released", and the lease's agent)."""
+        if not self.end_run(lease.run_id, "released", "{}", reason, now):
+            raise StorageBusy("the run ended at the same moment")
+        self.delete_lease(lease.id)
+        data = {"reason": reason or "released", "agent_id": lease.agent_id}
+        self.insert_event(lease.run_id, "released", _encode(data).decode(), now)
+        return Ended(lease.pipeline_id, lease.task_id, lease.stage, False)
 
     def extend_held_lease(
         self,
