@@ -189,16 +189,11 @@ FROM runs AS r
 JOIN tasks AS t ON t.id = r.task_id
 WHERE r.status = 'running' AND t.stage = :stage;
 
--- fragment best_in_stage --
--- The choice of claim_candidate and claim_task in the stage of pipeline_stages s: its best
--- claimable task, locked. Its last condition is the fence the snapshot sees, as the row lock
--- sees it (see claim_candidate).
-SELECT
-    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
-    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
-    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
-FROM tasks AS t
-WHERE t.pipeline_id = s.pipeline_id
+-- fragment ready_in_stage --
+-- The conditions under which task t of the stage of pipeline_stages s is ready to be claimed,
+-- for any agent: not parked, eligible by now, not running, every task it depends on finished.
+-- best_in_stage adds the claiming agent's assignments; role_stage_queue counts them all.
+t.pipeline_id = s.pipeline_id
     AND t.stage = s.stage
     AND t.dead_letter_reason IS NULL
     AND t.next_eligible_at_ms <= :now
@@ -214,6 +209,17 @@ WHERE t.pipeline_id = s.pipeline_id
             ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
         WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
     )
+
+-- fragment best_in_stage --
+-- The choice of claim_candidate and claim_task in the stage of pipeline_stages s: its best
+-- claimable task, locked. Its last condition is the fence the snapshot sees, as the row lock
+-- sees it (see claim_candidate).
+SELECT
+    t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
+    t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
+    t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
+FROM tasks AS t
+WHERE {ready_in_stage}
     AND (
         NOT EXISTS (
             SELECT 1 FROM task_assignments AS a
@@ -1045,20 +1051,7 @@ FROM pipeline_stages AS s
 CROSS JOIN LATERAL (
     SELECT count(*) AS claimable, min(t.created_at_ms) AS oldest
     FROM tasks AS t
-    WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
-        AND t.dead_letter_reason IS NULL
-        AND t.next_eligible_at_ms <= :now
-        AND NOT EXISTS (
-            SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
-        )
-        AND NOT EXISTS (
-            SELECT 1
-            FROM task_dependencies AS d
-            JOIN tasks AS u ON u.id = d.depends_on_task_id
-            LEFT JOIN pipeline_stages AS us
-                ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage
-            WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)
-        )
+    WHERE {ready_in_stage}
 ) AS c
 WHERE s.agent_role IS NOT NULL
 ORDER BY s.pipeline_id, s.stage;
