@@ -391,6 +391,62 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     assert units[-1].committed_alone is None
 
 
+def test_the_reaper_ends_each_expired_lease_in_one_statement_with_its_wake_ups(
+    open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the statement that finds and locks the expired leases, each one is a single
+    statement (expire_lease) that ends its run stale, decides the retry and sends the
+    wake-ups; when another server made a pipeline this process has not read, a lease goes
+    step by step, and the pipelines read then let the rest go in one statement each."""
+    db, listener = open_db(pg_empty_dsn), open_db(pg_empty_dsn)  # no other test's pipelines
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    tracker = Tracker(db.notifier, shared=True, rand=lambda: 0.5)
+    role = unique("coder")
+    tasks = seed(db, tracker, role, 3)
+    names: list[str] = []
+    run_statement = PostgresBackend._cur
+
+    def seen(self: PostgresBackend, name: str, params: dict[str, Any]) -> Any:
+        names.append(name)
+        return run_statement(self, name, params)
+
+    monkeypatch.setattr(PostgresBackend, "_cur", seen)
+
+    def claim_all(at: int) -> list[str]:
+        claims = [
+            db.write_sync(lambda b: tracker.claim(b, Claim("a", role, lease_ttl_ms=1_000), at))
+            for _ in tasks
+        ]
+        assert sorted(c.task.id for c in claims) == sorted(tasks)
+        return [c.run.id for c in claims]
+
+    def reap(at: int) -> Counter[str]:
+        names.clear()
+        assert db.write_sync(lambda b: tracker.reap_expired(b, at)) == len(tasks)
+        return Counter(names)
+
+    now = wall_ms()
+    claim_all(now)
+    seed(db, Tracker(db.notifier, shared=True), unique("other"), 0)  # another server's
+    first = reap(now + 5_000)
+    assert first["expire_lease"] == len(tasks)  # the first refused: a pipeline not read
+    assert first["end_run"] == 1  # ... so that lease went step by step
+
+    runs = claim_all(now + 6_000)  # the default backoff retries the first failures at once
+    heard.clear()
+    assert reap(now + 9_000) == Counter(
+        {"expired_leases": 1, "next_lease_expiry": 1, "expire_lease": len(tasks)}
+    )
+    wait_for("the wake-ups", lambda: (role, 0) in heard)
+    for run_id in runs:
+        run = db.read_sync(lambda b, run_id=run_id: b.run_by_id(run_id))
+        assert (run.status, run.ended_at_ms) == ("stale", now + 9_000)
+        kinds = db.read_sync(lambda b, run_id=run_id: [e.kind for e in b.list_events(run_id, 0, 9)])
+        assert kinds == ["lease_expired", "retry_scheduled"]
+
+
 def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:

@@ -34,6 +34,7 @@ POSTGRES_ONLY = {
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",
     "fail_run": "Backend.fail_run in one statement, its own transaction, its wake-ups with it",
+    "expire_lease": "Backend.expire_lease in one statement, in the reaper's unit, its wake-ups",
     "release_run": "Backend.release_run in one statement, its wake-up with it",
     "release_agent": "Backend.release_agent in one statement, its wake-ups with it",
     "prune_lock": "retention: one server prunes at a time",

@@ -598,6 +598,94 @@ def test_a_whole_failure_decides_the_delay_as_the_policy_says(database: Database
     )
 
 
+@covers("Backend.expire_lease")
+def test_an_expiry_in_one_go_needs_the_lease_past_its_time_and_counts_as_a_failure(
+    database: Database,
+) -> None:
+    """Backend.expire_lease, the reaper's work on one lease, which PostgreSQL runs as one
+    statement: refused, changing nothing, while the lease is live, for a lease that is not
+    there, or when a pipeline is not read or cannot be parsed; then the run stale, the lease
+    gone, the `lease_expired` event and then the retry's, the task retried after its stage's
+    delay; the next expiry past its attempts dead-letters it."""
+
+    def job(b: Backend) -> tuple[str, str]:
+        pipeline_id = make_pipeline(b)
+        return pipeline_id, make_task(b, pipeline_id, max_attempts=2, dead_letter_stage="dead")
+
+    pipeline_id, task_id = database.write_sync(job)
+    stages = stage_policies(pipeline_id)
+    pipelines = database.read_sync(lambda b: len(b.list_pipelines()))
+
+    def expire(
+        lease_id: str, *, known: int = pipelines, unreadable: tuple[str, ...] = (), now: int
+    ) -> Failed | None:
+        return database.write_sync(  # type: ignore[no-any-return]
+            lambda b: b.expire_lease(
+                lease_id=lease_id,
+                known_pipelines=known,
+                unreadable=unreadable,
+                policies=stages,
+                rand=0.5,
+                now=now,
+            )
+        )
+
+    got = database.write_sync(lambda b: claimed(b, ttl=1_000))
+    expiry = got.expires_at_ms
+    assert expire(got.lease_id, now=expiry - 1) is None  # still live
+    assert expire(got.lease_id, known=pipelines - 1, now=expiry) is None  # one not read
+    assert expire(got.lease_id, unreadable=(pipeline_id,), now=expiry) is None
+    assert expire(new_id(), now=expiry) is None
+    lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
+    assert lease is not None and lease.run_status == "running"  # nothing changed
+    assert events_of(database, got.run_id) == []
+
+    ended = expire(got.lease_id, now=expiry)
+    assert ended is not None
+    assert (ended.pipeline_id, ended.task_id, ended.stage, ended.failed_attempts) == (
+        pipeline_id,
+        task_id,
+        "todo",
+        1,
+    )
+    assert (ended.dead_lettered, ended.dead_letter_stage) == (False, None)
+    assert ended.next_eligible_at_ms == expiry + 1_000  # the stage's delay
+    run = database.read_sync(lambda b: b.run_by_id(got.run_id))
+    assert (run.status, run.ended_at_ms) == ("stale", expiry)
+    assert database.read_sync(lambda b: b.lease_by_id(got.lease_id)) is None
+    expired = {"reason": "lease_expired", "lease_id": got.lease_id, "failed_attempts": 1}
+    retry = {
+        "reason": "retry_scheduled",
+        "failed_attempts": 1,
+        "retry_delay_ms": 1_000,
+        "next_eligible_at_ms": expiry + 1_000,
+    }
+    assert events_of(database, got.run_id) == [
+        ("lease_expired", expiry, expired),
+        ("retry_scheduled", expiry, retry),
+    ]
+    failing = database.read_sync(
+        lambda b: b.list_failures(
+            states=frozenset({"failing"}), pipeline_id=pipeline_id, error=None, before=None, limit=9
+        )
+    )
+    assert [(f.id, f.failures, f.last_error) for f in failing] == [(task_id, 1, "lease_expired")]
+    assert expire(got.lease_id, now=expiry + 5) is None  # once
+
+    # The second expiry uses up the task's attempts: dead-lettered.
+    got = database.write_sync(lambda b: claimed(b, now=expiry + 1_000, ttl=1_000))
+    ended = expire(got.lease_id, now=got.expires_at_ms + 7)
+    assert ended is not None
+    assert (ended.failed_attempts, ended.dead_lettered, ended.dead_letter_stage) == (
+        2,
+        True,
+        "dead",
+    )
+    task = database.read_sync(lambda b: b.get_task(task_id))
+    assert (task.stage, task.dead_letter_reason) == ("dead", "max_attempts_exceeded")
+    assert [e[0] for e in events_of(database, got.run_id)] == ["lease_expired", "dead_letter"]
+
+
 @covers("Backend.release_agent")
 def test_releasing_an_agent_puts_down_each_live_lease_it_holds_and_no_other(
     database: Database,

@@ -86,7 +86,9 @@ class Leases(TrackerBase):
 
     def reap_expired(self, b: Backend, now: int) -> int:
         """Expire every lease past its time: the run goes stale, a `lease_expired` event is
-        written, and the expiry counts as a failed attempt under the task's retry policy."""
+        written, and the expiry counts as a failed attempt under the task's retry policy.
+        With the task's pipeline read by this process (nearly always), each lease is one call
+        of `Backend.expire_lease` (on PostgreSQL one statement); otherwise step by step."""
         expired = b.expired_leases(now, REAP_BATCH)
         if len(expired) < REAP_BATCH:
             # Nothing can expire before the earliest remaining expiry: claims may skip the
@@ -96,7 +98,33 @@ class Leases(TrackerBase):
                 upcoming = min(upcoming, now + SHARED_REAP_HORIZON_MS)
             self._next_expiry = upcoming
         reaped = 0
+        known = self._stage_policies() if expired else None
         for lease_id, run_id, task_id in expired:
+            if known is not None:
+                # Nearly always: one call (on PostgreSQL one statement) with its wake-ups.
+                ended = b.expire_lease(
+                    lease_id=lease_id,
+                    known_pipelines=known[0],
+                    unreadable=known[1],
+                    policies=known[2],
+                    rand=self._rand(),
+                    now=now,
+                )
+                if ended is not None:
+                    reaped += 1
+                    if not ended.notified:
+                        self._failure_wakeups(
+                            b,
+                            ended.pipeline_id,
+                            ended.task_id,
+                            ended.stage,
+                            ended.dead_lettered,
+                            ended.dead_letter_stage,
+                            ended.next_eligible_at_ms,
+                        )
+                    continue
+            # Step by step: a pipeline this process has not read (it is read below), one
+            # that cannot be parsed, or a run that ended meanwhile.
             b.delete_lease(lease_id)
             if not b.end_run(run_id, RunStatus.STALE, "{}", "lease_expired", now):
                 continue  # another reaper (or the run's own end) came first: counted there
@@ -111,6 +139,9 @@ class Leases(TrackerBase):
                 now,
             )
             self._after_failure(b, task, run_id, failed, "lease_expired", now)
+            if known is not None and task.pipeline_id not in known[1]:
+                self._read_every_pipeline(b)  # the next leases go in one call again
+                known = self._stage_policies()
         return reaped
 
     def _after_failure(

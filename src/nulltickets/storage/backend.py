@@ -767,20 +767,86 @@ class Backend:
         lease = self.lease_by_run(run_id)
         if not _held(lease, token_hash, fence, now) or lease.run_status != "running":
             return None
+        return self._fail_attempt(
+            lease,
+            status="failed",
+            usage_json=usage_json,
+            error=error,
+            retryable=retryable,
+            known_pipelines=known_pipelines,
+            unreadable=unreadable,
+            policies=policies,
+            rand=rand,
+            now=now,
+        )
+
+    def expire_lease(
+        self,
+        *,
+        lease_id: str,
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
+        rand: float,
+        now: int,
+    ) -> Failed | None:
+        """The reaper's work on one lease in one go: when lease `lease_id` is past its time at
+        `now` and its run is running, and the pipelines are as fail_run requires: end the run
+        stale (error text "lease_expired"), delete the lease, record the `lease_expired`
+        event (the lease and the failed attempts), then decide and record what fail_run does
+        (the expiry counts as a failed attempt). None when any of that is not so, and nothing
+        was changed (the reaper then goes step by step). Composed here of the statements it
+        names; a backend may run it as one statement (PostgreSQL: expire_lease), which also
+        sends the wake-ups (Failed.notified)."""
+        lease = self.lease_by_id(lease_id)
+        if lease is None or lease.expires_at_ms > now or lease.run_status != "running":
+            return None
+        return self._fail_attempt(
+            lease,
+            status="stale",
+            usage_json="{}",
+            error="lease_expired",
+            retryable=None,
+            known_pipelines=known_pipelines,
+            unreadable=unreadable,
+            policies=policies,
+            rand=rand,
+            now=now,
+        )
+
+    def _fail_attempt(
+        self,
+        lease: LeaseRow,
+        *,
+        status: str,
+        usage_json: str,
+        error: str | None,
+        retryable: bool | None,
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
+        rand: float,
+        now: int,
+    ) -> Failed | None:
+        """fail_run and expire_lease after their lease's checks: the run ended `status`
+        (stale: an expiry, recorded as the `lease_expired` event first), and the decision."""
         if self._value("pipeline_count", {}) != known_pipelines:
             return None  # one the caller has not read: its policies are not in `policies`
         if lease.pipeline_id in unreadable:
             return None
-        stage = lease.stage
+        run_id, stage = lease.run_id, lease.stage
         found = [p[2:] for p in policies if p[0] == lease.pipeline_id and p[1] == stage]
         stage_delay, backoff, max_delay_ms, jitter = found[0] if found else _NO_RETRY_POLICY
         task = self.get_task(lease.task_id)
         assert task is not None  # the lease's task, in this unit of work
-        # The lease is held and its run is running in this unit of work: the end cannot fail.
-        if not self.end_run(run_id, "failed", usage_json, error, now):
+        # The lease is checked and its run is running in this unit of work: the end cannot fail.
+        if not self.end_run(run_id, status, usage_json, error, now):
             raise StorageBusy("the run ended at the same moment")
         self.delete_lease(lease.id)
         failed = self.failed_attempts(task.id)
+        if status == "stale":
+            expired = {"reason": "lease_expired", "lease_id": lease.id, "failed_attempts": failed}
+            self.insert_event(run_id, "lease_expired", _encode(expired).decode(), now)
         # The task's own retry delay wins; the stage's applies when the task set none; the
         # default backoff when neither did (None).
         base: int | None = task.retry_delay_ms

@@ -356,14 +356,41 @@ class PostgresBackend(Backend):
             "policies": _encode(policies).decode(),
             "rand": rand,
             "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
+            "run_status": "failed",
             "now": now,
         }
         row = self._one("fail_run", params)
         if row is None:
             self._wrote_nothing()
             return None
-        pipeline_id, task_id, stage, failed, dead, target, at = row[:7]
-        return Failed(pipeline_id, task_id, stage, int(failed), dead, target, int(at), True)
+        return _failed(row)
+
+    def expire_lease(
+        self,
+        *,
+        lease_id: str,
+        known_pipelines: int,
+        unreadable: Sequence[str],
+        policies: Sequence[StagePolicyRow],
+        rand: float,
+        now: int,
+    ) -> Failed | None:
+        # expire_lease: the statements of Backend.expire_lease as one, with the wake-ups.
+        params = {
+            "lease_id": lease_id,
+            "usage_json": "{}",
+            "error": "lease_expired",
+            "retryable": None,
+            "known_pipelines": known_pipelines,
+            "unreadable": _encode(unreadable).decode(),
+            "policies": _encode(policies).decode(),
+            "rand": rand,
+            "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
+            "run_status": "stale",
+            "now": now,
+        }
+        row = self._one("expire_lease", params)
+        return None if row is None else _failed(row)
 
     def release_run(
         self, *, run_id: str, token_hash: bytes, fence: int | None, reason: str | None, now: int
@@ -478,6 +505,12 @@ class PostgresBackend(Backend):
 
     def _queue_row(self, r: tuple[Any, ...]) -> QueueRow:
         return (r[0], int(r[1]), r[2], int(r[3]), int(r[4]), int(r[5]))
+
+
+def _failed(row: Sequence[Any]) -> Failed:
+    """What fail_run and expire_lease return: the wake-ups went with the statement."""
+    pipeline_id, task_id, stage, failed, dead, target, at = row[:7]
+    return Failed(pipeline_id, task_id, stage, int(failed), dead, target, int(at), True)
 
 
 def _lease(row: Sequence[Any]) -> LeaseRow:

@@ -618,35 +618,25 @@ CROSS JOIN merged AS m
 CROSS JOIN extended AS e
 WHERE (SELECT count(*) FROM recorded) = 1;
 
--- fail_run --
--- Backend.fail_run in one statement (its own transaction: see PostgresBackend.ALONE): the lease
--- of lock_lease_by_run (task and lease locked, task first), only if it is held with
--- :token_hash, live, with :fence when given, and its run running, and only if there are
--- :known_pipelines pipelines (the caller read them all) and the task's is not one of
--- :unreadable (an array of those whose definition could not be parsed); the policy of its task's (pipeline,
--- stage) from :policies, an array of [pipeline_id, stage, retry_delay_ms, retry_backoff,
--- retry_max_delay_ms, retry_jitter] of the stages that have one (else none); then end_run
--- (failed), delete_lease, and what core.decide_failure decides, on failed_attempts (this run
--- counted: the snapshot still sees it running): the task past its allowed attempts (none when
--- :retryable is false) dead_letter_task into its dead-letter stage when that is a stage of its
--- pipeline (else where it is), otherwise schedule_retry after core.retry_delay (its own
--- delay, else the stage's, else the default backoff of core.default_retry_delay: the same
--- double precision arithmetic, :rand placing it in the jitter), and insert_event of the
--- dead_letter or retry_scheduled event, each on the locked rows (none can miss). The wake-ups
--- of Leases._after_failure go with it (the notify channel and lines): the stage the task was
--- in (capacity freed), then the dead-letter stage and, when it is terminal, the stages of the
--- tasks that depend on it, or the stage again at the retry's time. No row: nothing was
--- changed (the caller finds out why).
-WITH held AS (
-    SELECT
-        l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
-        t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
-    {held_lease}
-        AND r.status = 'running'
-        AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
-        AND NOT :unreadable::jsonb ? t.pipeline_id
-    FOR UPDATE OF t, l
-),
+-- fragment failed_attempt --
+-- The rest of fail_run and expire_lease, after their CTE `held` (the lease to end, its run and
+-- task locked, task first: id, run_id, task_id, stage, pipeline_id, max_attempts,
+-- retry_delay_ms, retry_delay_set, dead_letter_stage, failures_forgiven): the policy of the
+-- task's (pipeline, stage) from :policies, an array of [pipeline_id, stage, retry_delay_ms,
+-- retry_backoff, retry_max_delay_ms, retry_jitter] of the stages that have one (else none);
+-- then end_run (:run_status, with :usage_json and :error), delete_lease, and what
+-- core.decide_failure decides, on failed_attempts (this run counted: the snapshot still sees it
+-- running): the task past its allowed attempts (none when :retryable is false)
+-- dead_letter_task into its dead-letter stage when that is a stage of its pipeline (else where
+-- it is), otherwise schedule_retry after core.retry_delay (its own delay, else the stage's,
+-- else the default backoff of core.default_retry_delay: the same double precision arithmetic,
+-- :rand placing it in the jitter), and insert_event of the dead_letter or retry_scheduled
+-- event, after the lease_expired event when the run ends stale (expiry), each on the locked
+-- rows (none can miss). The wake-ups of Leases._after_failure go with it (the notify channel
+-- and lines): the stage the task was in (capacity freed), then the dead-letter stage and, when
+-- it is terminal, the stages of the tasks that depend on it, or the stage again at the
+-- retry's time. A row for each attempt ended: pipeline_id, task_id, stage, failed_attempts,
+-- dead, dead_letter_stage, next_eligible_at_ms, and counts that make PostgreSQL run every part.
 policy AS (
     SELECT
         h.*,
@@ -733,7 +723,7 @@ decided AS (
 ),
 ended AS (
     UPDATE runs AS r
-    SET status = 'failed', ended_at_ms = :now, usage_json = :usage_json, error_text = :error
+    SET status = :run_status, ended_at_ms = :now, usage_json = :usage_json, error_text = :error
     FROM decided AS d
     WHERE r.id = d.run_id AND r.status = 'running'
     RETURNING r.id
@@ -765,22 +755,35 @@ gone AS (
 ),
 recorded AS (
     INSERT INTO events (run_id, ts_ms, kind, data_json)
-    SELECT
-        d.run_id,
-        :now,
-        CASE WHEN d.dead THEN 'dead_letter' ELSE 'retry_scheduled' END,
-        CASE
-            WHEN d.dead THEN
-                '{"reason":' || to_json(d.reason)::text
-                || ',"failed_attempts":' || d.failed
-                || ',"from_stage":' || to_json(d.stage)::text
-                || ',"dead_letter_stage":' || coalesce(to_json(d.target)::text, 'null') || '}'
-            ELSE
-                '{"reason":"retry_scheduled","failed_attempts":' || d.failed
-                || ',"retry_delay_ms":' || d.delay
-                || ',"next_eligible_at_ms":' || d.at || '}'
-        END
-    FROM done AS d
+    SELECT e.run_id, :now, e.kind, e.data_json
+    FROM (
+        SELECT
+            d.run_id,
+            0 AS n,
+            'lease_expired' AS kind,
+            '{"reason":"lease_expired","lease_id":' || to_json(d.id)::text
+            || ',"failed_attempts":' || d.failed || '}' AS data_json
+        FROM done AS d
+        WHERE :run_status::text = 'stale'
+        UNION ALL
+        SELECT
+            d.run_id,
+            1,
+            CASE WHEN d.dead THEN 'dead_letter' ELSE 'retry_scheduled' END,
+            CASE
+                WHEN d.dead THEN
+                    '{"reason":' || to_json(d.reason)::text
+                    || ',"failed_attempts":' || d.failed
+                    || ',"from_stage":' || to_json(d.stage)::text
+                    || ',"dead_letter_stage":' || coalesce(to_json(d.target)::text, 'null') || '}'
+                ELSE
+                    '{"reason":"retry_scheduled","failed_attempts":' || d.failed
+                    || ',"retry_delay_ms":' || d.delay
+                    || ',"next_eligible_at_ms":' || d.at || '}'
+            END
+        FROM done AS d
+    ) AS e
+    ORDER BY e.run_id, e.n
     RETURNING id
 ),
 woken AS (
@@ -826,6 +829,50 @@ SELECT
         ) AS sent
     )
 FROM done AS d;
+
+-- fail_run --
+-- Backend.fail_run in one statement (its own transaction: see PostgresBackend.ALONE): the lease
+-- of lock_lease_by_run (task and lease locked, task first), only if it is held with
+-- :token_hash, live, with :fence when given, and its run running, and only if there are
+-- :known_pipelines pipelines (the caller read them all) and the task's is not one of
+-- :unreadable (an array of those whose definition could not be parsed); then what the fragment
+-- failed_attempt does, the run ended failed. No row: nothing was changed (the caller finds out
+-- why).
+WITH held AS (
+    SELECT
+        l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
+        t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
+    {held_lease}
+        AND r.status = 'running'
+        AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
+        AND NOT :unreadable::jsonb ? t.pipeline_id
+    FOR UPDATE OF t, l
+),
+{failed_attempt}
+
+-- expire_lease --
+-- Backend.expire_lease in one statement, in the reaper's unit of work after expired_leases
+-- locked the lease and its task: lease :lease_id, only if it is past its time at :now and its
+-- run running, and only if there are :known_pipelines pipelines and the task's is not one of
+-- :unreadable (as fail_run); then what the fragment failed_attempt does, the run ended stale
+-- (:run_status; :usage_json '{}' and :error 'lease_expired', as the reaper step by step) and
+-- its lease_expired event recorded first. No row: nothing was changed (the reaper then goes
+-- step by step).
+WITH held AS (
+    SELECT
+        l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
+        t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
+    FROM leases AS l
+    JOIN runs AS r ON r.id = l.run_id
+    JOIN tasks AS t ON t.id = r.task_id
+    WHERE l.id = :lease_id
+        AND l.expires_at_ms <= :now
+        AND r.status = 'running'
+        AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
+        AND NOT :unreadable::jsonb ? t.pipeline_id
+    FOR UPDATE OF t, l
+),
+{failed_attempt}
 
 -- fragment release_held --
 -- The rest of release_run and release_agent, after their CTE `held` (each lease to release,
