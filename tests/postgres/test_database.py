@@ -5,6 +5,7 @@ tests/storage."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -389,6 +390,59 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     with pytest.raises(LeaseNotFound):
         unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 6))
     assert units[-1].committed_alone is None
+
+
+def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_snapshot(
+    open_db: Callable[..., PostgresDatabase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read whose job runs one statement runs it with no transaction around it: one round
+    trip, no BEGIN nor ROLLBACK. A job of a kind that goes on to a second statement runs
+    again in a snapshot, with the same answer, and its kind runs in one from then on without
+    the statement spent first. With no transaction around it a read still cannot write."""
+    from nulltickets.errors import StorageReadOnly
+
+    db = open_db()
+    seen: list[tuple[str, bool]] = []  # each statement, and whether it ran on its own
+    run_statement = PostgresBackend._cur
+
+    def spy(self: PostgresBackend, name: str, params: dict[str, Any]) -> Any:
+        on_its_own = bool(self.conn.autocommit)
+        cursor = run_statement(self, name, params)  # SecondStatement: refused, not run
+        seen.append((name, on_its_own))
+        return cursor
+
+    monkeypatch.setattr(PostgresBackend, "_cur", spy)
+
+    def two(b: PostgresBackend) -> tuple[int, int]:
+        return b.last_event_id(), len(b.list_pipelines())
+
+    async def reads() -> list[Any]:
+        got: list[Any] = [await db.read(lambda b: b.last_event_id(), kind="one")]
+        got.append(list(seen))
+        for _ in range(2):
+            seen.clear()
+            got.append(await db.read(two, kind="two"))
+            got.append(list(seen))
+        return got
+
+    one, one_seen, first, first_seen, again, again_seen = asyncio.run(reads())
+    assert one_seen == [("last_event_id", True)]
+    assert first_seen == [
+        ("last_event_id", True),
+        ("last_event_id", False),
+        ("list_pipelines", False),
+    ]
+    assert again_seen == [("last_event_id", False), ("list_pipelines", False)]
+    assert first == again == db.read_sync(two)
+    assert one == db.read_sync(lambda b: b.last_event_id())
+
+    async def write_in_a_read() -> None:
+        await db.read(lambda b: b.put_value("ns", unique("k"), "1", 1), kind="sneaky")
+
+    seen.clear()
+    with pytest.raises(StorageReadOnly):
+        asyncio.run(write_in_a_read())
+    assert seen == []  # refused by PostgreSQL
 
 
 def test_the_reaper_ends_each_expired_lease_in_one_statement_with_its_wake_ups(

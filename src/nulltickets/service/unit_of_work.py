@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -154,7 +154,9 @@ class Service:
         wrap = v.answer
         if not v.write:
             clock = self.clock
-            value = await self._read(lambda b: invoke(v, tracker, b, clock(), path, args))
+            value = await self._read(
+                lambda b: invoke(v, tracker, b, clock(), path, args), kind=v.name
+            )
             return Answer(Kind.OK, _encode(wrap(value) if wrap is not None else value))
         kind = v.kind
 
@@ -189,16 +191,20 @@ class Service:
         done = await self.db.write(job)
         return done if isinstance(done, Answer) else encode(done)
 
-    async def _read(self, job: Callable[[Backend], T]) -> T:
+    async def _read(self, job: Callable[[Backend], T], *, kind: Hashable | None = None) -> T:
+        """`job` read in one snapshot; `kind` (else the job's code: each call site is one)
+        names what it does, for the database to learn how such reads run."""
+        if kind is None:
+            kind = getattr(job, "__code__", None)
         key_id = _speaking.get()
         if key_id is None:
-            return await self.db.read(job)
+            return await self.db.read(job, kind=kind)
 
         def confirmed(b: Backend) -> T:
             b.confirm_key(key_id)
             return job(b)
 
-        return await self.db.read(confirmed)
+        return await self.db.read(confirmed, kind=kind)
 
     @contextlib.contextmanager
     def speaking_with(self, key_id: str | None) -> Iterator[None]:

@@ -15,7 +15,7 @@ decision.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -167,8 +167,11 @@ class Database(Protocol):
         StorageStats); observing them costs the storage O(1) per commit or checkpoint."""
         ...
 
-    async def read(self, job: Callable[[Backend], T]) -> T:
-        """Run `job` in one read-only transaction (one consistent snapshot)."""
+    async def read(self, job: Callable[[Backend], T], *, kind: Hashable | None = None) -> T:
+        """Run `job` in one read-only transaction (one consistent snapshot). `kind` names
+        what the job does (a verb, say): jobs of one kind run alike, which a backend may
+        learn from (PostgreSQL runs a read of one statement on its own, with no transaction
+        around it)."""
         ...
 
     async def write(self, job: Callable[[Backend], T]) -> T:

@@ -49,6 +49,12 @@ class LostRace(StorageBusy):
     is kept, and the database runs it again (a fresh snapshot no longer offers that task)."""
 
 
+class SecondStatement(BaseException):
+    """A read run as one statement on its own went on to a second one: the database runs it
+    again in a transaction (one snapshot for all its statements). A BaseException, so that
+    no handler of the unit of work's own takes it for a failure."""
+
+
 _decode_any = msgspec.json.Decoder()
 _failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | None]])
 
@@ -97,11 +103,19 @@ class PostgresBackend(Backend):
     _bad_query = (pg_errors.SyntaxError, pg_errors.DataException)
 
     def __init__(
-        self, conn: psycopg.Connection[Any] | GreenConnection, *, writing: bool = False
+        self,
+        conn: psycopg.Connection[Any] | GreenConnection,
+        *,
+        writing: bool = False,
+        one_read: bool = False,
     ) -> None:
         self.conn = conn
         # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
         self.writing = writing
+        # A read run with no transaction around it: its one statement is its snapshot, and a
+        # second one raises SecondStatement (the key's check, beforehand, is not counted).
+        self.one_read = one_read
+        self.statements = 0
         # Wake-ups of this unit of work, sent in one pg_notify just before its COMMIT.
         self.notifications: list[tuple[str, int, str | None]] = []
         # Keys this unit of work revoked, told to every server at its COMMIT.
@@ -125,6 +139,10 @@ class PostgresBackend(Backend):
         )
         if not alone and self.unconfirmed_key is not None:
             self._confirm_unconfirmed_key()
+        if self.one_read:
+            if self.statements:
+                raise SecondStatement(name)
+            self.statements = 1
         if name in ALONE:  # each refuses to change anything without the key, when one is named
             params = {**params, "key_id": self.unconfirmed_key if alone else None}
         if alone:
@@ -150,7 +168,14 @@ class PostgresBackend(Backend):
 
     def _confirm_unconfirmed_key(self) -> None:
         key_id, self.unconfirmed_key = self.unconfirmed_key, None
-        if key_id is not None and self.api_key_by_id(key_id) is None:
+        if key_id is None:
+            return
+        one_read, self.one_read = self.one_read, False  # a check, not the read's statement
+        try:
+            found = self.api_key_by_id(key_id)
+        finally:
+            self.one_read = one_read
+        if found is None:
             raise Unauthorized("the key was revoked")
 
     def _all(self, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:

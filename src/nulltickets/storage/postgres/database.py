@@ -11,7 +11,8 @@ LOCKED), not a single writer. When PostgreSQL aborts a unit of work for reasons 
 try settles (a serialization failure, a deadlock, a claim that lost its race to another
 server, a connection that died before COMMIT), the whole unit runs again on a fresh
 transaction, a few times, with jitter. Reads run in a read-only REPEATABLE READ transaction:
-one snapshot per unit of work.
+one snapshot per unit of work; a read of one statement runs it with no transaction around it
+(the statement's snapshot is the read's), on a connection that is read-only all the same.
 
 Driver errors are translated here, at the edge: no connection (refused, server gone, shutting
 down, pool exhausted) is StorageUnavailable (503 with Retry-After), a full disk StorageFull,
@@ -26,7 +27,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import psycopg
@@ -48,7 +49,7 @@ from nulltickets.errors import (
 from nulltickets.storage.dsn import display_name, redact
 from nulltickets.storage.ports import Capabilities, StorageStats
 from nulltickets.storage.postgres import green
-from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q
+from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q, SecondStatement
 from nulltickets.storage.postgres.green import GreenConnection
 from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
@@ -170,6 +171,8 @@ class PostgresDatabase:
         self._notifier = PostgresNotifier(url)
         self._rand = random.Random()
         self._lock = threading.Lock()
+        # The kinds of read seen to run more than one statement: each runs in a transaction.
+        self._several: set[Hashable] = set()
         self.retries = 0  # units of work run again (races, lost connections)
         self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)  # the pool's threads
 
@@ -241,7 +244,11 @@ class PostgresDatabase:
         return await psycopg.AsyncConnection.connect(self.url, **self._kwargs())
 
     async def _connect_reader(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(self.url, **self._kwargs())
+        kwargs = self._kwargs()
+        # Read-only also when a read of one statement runs with no transaction around it.
+        read_only = "-c default_transaction_read_only=on"
+        kwargs["options"] = f"{kwargs['options']} {read_only}" if "options" in kwargs else read_only
+        conn = await psycopg.AsyncConnection.connect(self.url, **kwargs)
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await conn.set_read_only(True)
         return conn
@@ -294,14 +301,30 @@ class PostgresDatabase:
                 else:
                     pool.discard_idle()
 
-    async def read(self, job: Callable[[PostgresBackend], T]) -> T:
-        """`job` in a read-only transaction (one snapshot) on this loop's pool."""
+    async def read(self, job: Callable[[PostgresBackend], T], *, kind: Hashable | None = None) -> T:
+        """`job` in a read-only transaction (one snapshot) on this loop's pool; a job of a
+        `kind` not yet seen to run more than one statement as that one statement on its own
+        (its snapshot is the statement's: one round trip, no BEGIN nor ROLLBACK). Should it
+        go on to a second statement, it runs again in a transaction, and its kind always
+        will: a read changes nothing, so running it again is safe."""
         pool = self._open(self._loop_read)
+        alone = kind is not None and kind not in self._several
         tries = _Tries()
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 async with pool.connection() as conn:
+                    if alone:
+                        await conn.set_autocommit(True)
+                        try:
+                            backend = PostgresBackend(GreenConnection(conn), one_read=True)
+                            return await green.run(job, backend)
+                        except SecondStatement:
+                            self._several.add(kind)
+                            alone = False
+                        finally:
+                            if not conn.broken:
+                                await conn.set_autocommit(False)
                     try:
                         return await green.run(job, PostgresBackend(GreenConnection(conn)))
                     finally:

@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -614,7 +614,7 @@ class Readers:
             if conn.in_transaction:
                 conn.execute("COMMIT")
 
-    async def read(self, job: Callable[[SqliteBackend], T]) -> T:
+    async def read(self, job: Callable[[SqliteBackend], T], *, kind: Hashable | None = None) -> T:
         if self._closed:
             raise StorageUnavailable("the database is closed")
         loop = asyncio.get_running_loop()
@@ -704,7 +704,7 @@ class SqliteDatabase:
         """Run a write from a plain thread (tools, tests, benchmarks)."""
         return self.writer.run_sync(job)
 
-    async def read(self, job: Callable[[SqliteBackend], T]) -> T:
+    async def read(self, job: Callable[[SqliteBackend], T], *, kind: Hashable | None = None) -> T:
         result = await self.readers.read(job)
         await self.writer.settled()  # what it read is on disk before anyone hears of it
         return result
