@@ -71,6 +71,10 @@ CAPABILITIES = Capabilities(
 # for a busy pool, short enough that a client hears "unavailable" while PostgreSQL restarts.
 POOL_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 3
+# How many reads of a kind seen to need more than one statement run in a transaction before
+# one is tried as one statement again: the statement spent when it still needs more is one
+# in this many reads.
+SEVERAL_FOR = 64
 # Retries of a whole unit of work: after a serialization failure, deadlock or lost race.
 RACE_RETRIES = 8
 # ... and after its connection died before COMMIT (the pool checks its idle ones first).
@@ -171,8 +175,9 @@ class PostgresDatabase:
         self._notifier = PostgresNotifier(url)
         self._rand = random.Random()
         self._lock = threading.Lock()
-        # The kinds of read seen to run more than one statement: each runs in a transaction.
-        self._several: set[Hashable] = set()
+        # The kinds of read seen to run more than one statement, and how many more of their
+        # reads run in a transaction before one is tried as one statement again.
+        self._several: dict[Hashable, int] = {}
         self.retries = 0  # units of work run again (races, lost connections)
         self.commit_durations = Histogram(COMMIT_SECONDS, shared=True)  # the pool's threads
 
@@ -303,12 +308,18 @@ class PostgresDatabase:
 
     async def read(self, job: Callable[[PostgresBackend], T], *, kind: Hashable | None = None) -> T:
         """`job` in a read-only transaction (one snapshot) on this loop's pool; a job of a
-        `kind` not yet seen to run more than one statement as that one statement on its own
-        (its snapshot is the statement's: one round trip, no BEGIN nor ROLLBACK). Should it
-        go on to a second statement, it runs again in a transaction, and its kind always
-        will: a read changes nothing, so running it again is safe."""
+        `kind` not seen to run more than one statement as that one statement on its own (its
+        snapshot is the statement's: one round trip, no BEGIN nor ROLLBACK). Should it go on
+        to a second statement, it runs again in a transaction (a read changes nothing, so
+        running it again is safe), and so do the next SEVERAL_FOR jobs of its kind; then
+        one tries again (a read that needed more once, to fill a cache, say, may not since)."""
         pool = self._open(self._loop_read)
-        alone = kind is not None and kind not in self._several
+        alone = False
+        if kind is not None:
+            left = self._several.get(kind, 0)
+            if left:
+                self._several[kind] = left - 1
+            alone = not left
         tries = _Tries()
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
@@ -320,7 +331,7 @@ class PostgresDatabase:
                             backend = PostgresBackend(GreenConnection(conn), one_read=True)
                             return await green.run(job, backend)
                         except SecondStatement:
-                            self._several.add(kind)
+                            self._several[kind] = SEVERAL_FOR
                             alone = False
                         finally:
                             if not conn.broken:
