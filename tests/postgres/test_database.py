@@ -394,7 +394,7 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
 
 
 def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_snapshot(
-    open_db: Callable[..., PostgresDatabase], monkeypatch: pytest.MonkeyPatch
+    open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read whose job runs one statement runs it with no transaction around it: one round
     trip, no BEGIN nor ROLLBACK. A job of a kind that goes on to a second statement runs
@@ -403,7 +403,7 @@ def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_sn
     transaction around it a read still cannot write."""
     from nulltickets.errors import StorageReadOnly
 
-    db = open_db()
+    db = open_db(pg_empty_dsn)  # what it reads, no other test writes meanwhile
     seen: list[tuple[str, bool]] = []  # each statement, and whether it ran on its own
     run_statement = PostgresBackend._cur
 

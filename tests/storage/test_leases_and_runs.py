@@ -686,6 +686,72 @@ def test_an_expiry_in_one_go_needs_the_lease_past_its_time_and_counts_as_a_failu
     assert [e[0] for e in events_of(database, got.run_id)] == ["lease_expired", "dead_letter"]
 
 
+@covers("Backend.task_view")
+def test_a_task_view_is_what_its_parts_read_one_by_one(database: Database) -> None:
+    """Backend.task_view, GET /tasks/{id}'s reads, which PostgreSQL runs as one statement:
+    the task, its checkpoint, fence and cancellation, its latest run, dependencies (one
+    finished, one not), assignments and previous failures (newest first), each as the
+    operation that reads it alone; a task with none of those, and no task at all."""
+
+    def job(b: Backend) -> tuple[str, str, str]:
+        pipeline_id = make_pipeline(b)
+        task_id = make_task(b, pipeline_id, title="viewed", max_attempts=9)
+        return pipeline_id, task_id, make_task(b, pipeline_id, stage="done")
+
+    pipeline_id, task_id, done = database.write_sync(job)
+    stages = stage_policies(pipeline_id, delay=None)
+    for attempt in range(2):
+        got = database.write_sync(lambda b, at=NOW + 10 * attempt: claimed(b, now=at))
+        assert got.task.id == task_id
+        assert fail(database, got, policies=stages, now=NOW + 10 * attempt + 5) is not None
+    running = database.write_sync(lambda b: claimed(b, now=NOW + 100))
+
+    def depend_and_assign(b: Backend) -> None:
+        b.insert_dependency(task_id, make_task(b, pipeline_id, stage="review"), NOW)
+        b.insert_dependency(task_id, done, NOW + 1)
+        b.upsert_assignment(task_id, "agent", "lead", NOW)
+        b.upsert_assignment(task_id, "other", None, NOW + 1)
+
+    database.write_sync(depend_and_assign)
+
+    def parts(b: Backend, id: str) -> tuple[Any, ...]:
+        return (
+            b.task_details(id),
+            b.latest_run(id),
+            b.list_dependencies(id),
+            b.list_assignments(id),
+            b.previous_failures(id),
+        )
+
+    view = database.read_sync(lambda b: b.task_view(task_id))
+    assert view is not None
+    whole = (view.task, view.checkpoint_json, view.fence, view.cancelled_at_ms)
+    assert (*whole, view.cancel_reason) == database.read_sync(lambda b: b.task_details(task_id))
+    rest = (view.latest_run, view.dependencies, view.assignments, view.previous_failures)
+    assert rest == database.read_sync(lambda b: parts(b, task_id))[1:]
+    assert view.task.title == "viewed"
+    assert view.latest_run is not None and view.latest_run.id == running.run_id
+    assert [(d.depends_on_task_id == done, d.resolved) for d in view.dependencies] == [
+        (False, False),
+        (True, True),
+    ]
+    assert [(a.agent_id, a.assigned_by) for a in view.assignments] == [
+        ("agent", "lead"),
+        ("other", None),
+    ]
+    assert [(f.attempt, f.error) for f in view.previous_failures] == [(2, "boom"), (1, "boom")]
+
+    bare = database.read_sync(lambda b: b.task_view(done))
+    assert bare is not None
+    assert (bare.latest_run, bare.dependencies, bare.assignments, bare.previous_failures) == (
+        None,
+        [],
+        [],
+        [],
+    )
+    assert database.read_sync(lambda b: b.task_view("nope")) is None
+
+
 @covers("Backend.release_agent")
 def test_releasing_an_agent_puts_down_each_live_lease_it_holds_and_no_other(
     database: Database,

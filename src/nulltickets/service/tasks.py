@@ -195,29 +195,32 @@ class Tasks(TrackerBase):
         tool=Tool("get_task"),
     )
     def get_task(self, b: Backend, task_id: str) -> TaskDetails:
-        row = b.task_details(task_id)
-        if row is None:
+        view = b.task_view(task_id)  # on PostgreSQL one statement
+        if view is None:
             raise TaskNotFound()
-        task, checkpoint, fence, cancelled_at, cancel_reason = row
-        latest = b.latest_run(task_id)
+        task = view.task
         details = TaskDetails(
             **msgspec.structs.asdict(task),
-            dependencies=b.list_dependencies(task_id),
+            dependencies=view.dependencies,
             assignments=[
                 TaskAssignment(
                     a.agent_id, a.assigned_by, a.active, a.created_at_ms, a.updated_at_ms
                 )
-                for a in b.list_assignments(task_id)
+                for a in view.assignments
             ],
             available_transitions=self._available(b, task),
         )
+        checkpoint = view.checkpoint_json
         details.checkpoint = msgspec.Raw(checkpoint if checkpoint is not None else "null")
-        details.fence = fence
-        details.previous_failures = b.previous_failures(task_id)
-        if latest is not None:
-            details.latest_run = latest
-        if cancelled_at is not None:
-            details.cancelled_at_ms, details.cancel_reason = cancelled_at, cancel_reason
+        details.fence = view.fence
+        details.previous_failures = view.previous_failures
+        if view.latest_run is not None:
+            details.latest_run = view.latest_run
+        if view.cancelled_at_ms is not None:
+            details.cancelled_at_ms, details.cancel_reason = (
+                view.cancelled_at_ms,
+                view.cancel_reason,
+            )
         return details
 
     @staticmethod

@@ -115,6 +115,23 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskView:
+    """What `Backend.task_view` read of a task for GET /tasks/{id}: the task, its checkpoint
+    JSON (or None), fence and cancellation (as task_details), its latest run (or None), its
+    dependencies, assignments and previous failures."""
+
+    task: Task
+    checkpoint_json: str | None
+    fence: int
+    cancelled_at_ms: int | None
+    cancel_reason: str | None
+    latest_run: Run | None
+    dependencies: list[Dependency]
+    assignments: list[Assignment]
+    previous_failures: list[Failure]
+
+
+@dataclass(frozen=True, slots=True)
 class Ended:
     """What `Backend.release_run` (or `release_agent`, for each lease) did: the run of the
     task of the pipeline, in `stage`, was released; `notified` when the wake-up of that stage
@@ -343,6 +360,21 @@ class Backend:
         if row is None:
             return None
         return _task(row[:15]), row[15], row[16], row[17], row[18]
+
+    def task_view(self, id: str) -> TaskView | None:
+        """Everything GET /tasks/{id} reads of the store, in one snapshot; None when there is
+        no such task. Composed here of the statements it names; a backend may run it as one
+        statement (PostgreSQL: task_view)."""
+        details = self.task_details(id)
+        if details is None:
+            return None
+        return TaskView(
+            *details,
+            latest_run=self.latest_run(id),
+            dependencies=self.list_dependencies(id),
+            assignments=self.list_assignments(id),
+            previous_failures=self.previous_failures(id),
+        )
 
     def task_exists(self, id: str) -> bool:
         return self._one("task_exists", {"id": id}) is not None

@@ -22,7 +22,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from nulltickets import core
-from nulltickets.domain.model import Failure, LeaseRow, Task
+from nulltickets.domain.model import Assignment, Dependency, Failure, LeaseRow, Task
 from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import (
     Backend,
@@ -34,6 +34,8 @@ from nulltickets.storage.backend import (
     QueueRow,
     StageBoardRow,
     StagePolicyRow,
+    TaskView,
+    _run,
     _task,
 )
 from nulltickets.storage.postgres.green import GreenConnection, GreenCursor
@@ -57,6 +59,8 @@ class SecondStatement(BaseException):
 
 _decode_any = msgspec.json.Decoder()
 _failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | None]])
+_dependencies = msgspec.json.Decoder(list[tuple[str, bool]])
+_assignments = msgspec.json.Decoder(list[tuple[str, str, str | None, bool, int, int]])
 
 # Statements that are, when a unit of work that writes starts with them, that whole unit of
 # work: each then runs as its own transaction (autocommit), so PostgreSQL sees one message and
@@ -485,6 +489,25 @@ class PostgresBackend(Backend):
             return None
         task, checkpoint, fence, cancelled_at_ms, cancel_reason = details
         return task, compact(checkpoint), fence, cancelled_at_ms, cancel_reason
+
+    def task_view(self, id: str) -> TaskView | None:
+        row = self._one("task_view", {"id": id})
+        if row is None:
+            return None
+        dependencies = _dependencies.decode(row[27]) if row[27] else []
+        assignments = _assignments.decode(row[28]) if row[28] else []
+        failures = _failures.decode(row[29]) if row[29] else []
+        return TaskView(
+            _task(row[:15]),
+            compact(row[15]),
+            row[16],
+            row[17],
+            row[18],
+            None if row[19] is None else _run(row[19:27]),
+            [Dependency(d, bool(done)) for d, done in dependencies],
+            [Assignment(*a) for a in assignments],
+            [Failure(*f) for f in failures],
+        )
 
     def task_resume(self, id: str) -> tuple[str | None, int] | None:
         resume = super().task_resume(id)

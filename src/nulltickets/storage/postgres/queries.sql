@@ -70,6 +70,66 @@ SELECT
 FROM tasks
 WHERE id = :id;
 
+-- task_view --
+-- Backend.task_view, what GET /tasks/{id} reads, in one statement: task_details' columns, the
+-- latest run (run_by_id's columns, NULL when there is none), and as JSON arrays (NULL when
+-- empty) the dependencies (list_dependencies), the assignments (list_assignments) and the
+-- previous failures (previous_failures).
+SELECT
+    c.id, c.pipeline_id, c.stage, c.title, c.description, c.priority, c.metadata_json,
+    c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
+    c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms,
+    c.checkpoint_json::text, c.fence, c.cancelled_at_ms, c.cancel_reason,
+    r.id, r.task_id, r.attempt, r.status, r.agent_id, r.agent_role, r.started_at_ms,
+    r.ended_at_ms,
+    (
+        SELECT jsonb_agg(
+            jsonb_build_array(d.depends_on_task_id, coalesce(s.terminal, false))
+            ORDER BY d.created_at_ms, d.seq
+        )::text
+        FROM task_dependencies AS d
+        JOIN tasks AS u ON u.id = d.depends_on_task_id
+        LEFT JOIN pipeline_stages AS s ON s.pipeline_id = u.pipeline_id AND s.stage = u.stage
+        WHERE d.task_id = c.id
+    ),
+    (
+        SELECT jsonb_agg(
+            jsonb_build_array(
+                a.task_id, a.agent_id, a.assigned_by, a.active, a.created_at_ms, a.updated_at_ms
+            )
+            ORDER BY a.created_at_ms, a.seq
+        )::text
+        FROM task_assignments AS a
+        WHERE a.task_id = c.id
+    ),
+    {previous_failures_of_c}
+FROM tasks AS c
+LEFT JOIN LATERAL (
+    SELECT id, task_id, attempt, status, agent_id, agent_role, started_at_ms, ended_at_ms
+    FROM runs
+    WHERE task_id = c.id
+    ORDER BY attempt DESC
+    LIMIT 1
+) AS r ON true
+WHERE c.id = :id;
+
+-- fragment previous_failures_of_c --
+-- previous_failures of task c in one value: its last 20 failed or expired runs, newest first,
+-- as a JSON array of [attempt, run id, status, error text, ended_at_ms] (NULL when none).
+(
+    SELECT jsonb_agg(
+        jsonb_build_array(p.attempt, p.id, p.status, p.error_text, p.ended_at_ms)
+        ORDER BY p.attempt DESC
+    )::text
+    FROM (
+        SELECT attempt, id, status, error_text, ended_at_ms
+        FROM runs
+        WHERE task_id = c.id AND status IN ('failed', 'stale')
+        ORDER BY attempt DESC
+        LIMIT 20
+    ) AS p
+)
+
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
 SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
@@ -356,19 +416,7 @@ SELECT
     c.task_version, c.next_eligible_at_ms, c.retry_delay_ms, c.max_attempts,
     c.dead_letter_stage, c.dead_letter_reason, c.created_at_ms, c.updated_at_ms,
     r.attempt, f.fence, f.checkpoint_json, l.expires_at_ms, l.ttl_ms,
-    CASE WHEN r.attempt > 1 THEN (
-        SELECT jsonb_agg(
-            jsonb_build_array(p.attempt, p.id, p.status, p.error_text, p.ended_at_ms)
-            ORDER BY p.attempt DESC
-        )::text
-        FROM (
-            SELECT attempt, id, status, error_text, ended_at_ms
-            FROM runs
-            WHERE task_id = c.id AND status IN ('failed', 'stale')
-            ORDER BY attempt DESC
-            LIMIT 20
-        ) AS p
-    ) END
+    CASE WHEN r.attempt > 1 THEN {previous_failures_of_c} END
 FROM candidate AS c
 LEFT JOIN started AS r ON true
 LEFT JOIN fenced AS f ON true
