@@ -60,7 +60,7 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend, Claimed, NewPipeline, StagePolicyRow
+from nulltickets.storage.backend import Backend, Claimed, Failed, NewPipeline, StagePolicyRow
 
 # What Leases._moves keeps and sends: the triggers it knows the moves of, and the moves of
 # one trigger sent with a transition.
@@ -112,16 +112,7 @@ class Leases(TrackerBase):
                 )
                 if ended is not None:
                     reaped += 1
-                    if not ended.notified:
-                        self._failure_wakeups(
-                            b,
-                            ended.pipeline_id,
-                            ended.task_id,
-                            ended.stage,
-                            ended.dead_lettered,
-                            ended.dead_letter_stage,
-                            ended.next_eligible_at_ms,
-                        )
+                    self._woken_after(b, ended)
                     continue
             # Step by step: a pipeline this process has not read (it is read below), one
             # that cannot be parsed, or a run that ended meanwhile.
@@ -211,6 +202,20 @@ class Leases(TrackerBase):
             b.insert_event(run_id, "retry_scheduled", _json(data), now)
             at = outcome.next_eligible_at_ms
             self._failure_wakeups(b, task.pipeline_id, task.id, task.stage, False, None, at)
+
+    def _woken_after(self, b: Backend, failed: Failed) -> None:
+        """The wake-ups of a failed attempt Backend.fail_run or expire_lease decided, unless
+        they went with its statement."""
+        if not failed.notified:
+            self._failure_wakeups(
+                b,
+                failed.pipeline_id,
+                failed.task_id,
+                failed.stage,
+                failed.dead_lettered,
+                failed.dead_letter_stage,
+                failed.next_eligible_at_ms,
+            )
 
     def _failure_wakeups(
         self,
@@ -673,16 +678,7 @@ class Leases(TrackerBase):
                 now=now,
             )
             if failed is not None:
-                if not failed.notified:
-                    self._failure_wakeups(
-                        b,
-                        failed.pipeline_id,
-                        failed.task_id,
-                        failed.stage,
-                        failed.dead_lettered,
-                        failed.dead_letter_stage,
-                        failed.next_eligible_at_ms,
-                    )
+                self._woken_after(b, failed)
                 return
         lease = self.check_run_lease(b, run_id, token_hash, now, cmd.expected_fence)
         self.fail(b, lease, cmd, now)

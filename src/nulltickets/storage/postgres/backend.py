@@ -373,21 +373,10 @@ class PostgresBackend(Backend):
         now: int,
     ) -> Failed | None:
         # fail_run: the statements of Backend.fail_run as one, with the wake-ups.
-        params = {
-            "run_id": run_id,
-            "token_hash": token_hash,
-            "fence": fence,
-            "usage_json": usage_json,
-            "error": error,
-            "retryable": retryable,
-            "known_pipelines": known_pipelines,
-            "unreadable": _encode(unreadable).decode(),
-            "policies": _encode(policies).decode(),
-            "rand": rand,
-            "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
-            "run_status": "failed",
-            "now": now,
-        }
+        params = _attempt_params(
+            "failed", usage_json, error, retryable, known_pipelines, unreadable, policies, rand, now
+        )
+        params.update(run_id=run_id, token_hash=token_hash, fence=fence)
         row = self._one("fail_run", params)
         if row is None:
             self._wrote_nothing()
@@ -405,19 +394,10 @@ class PostgresBackend(Backend):
         now: int,
     ) -> Failed | None:
         # expire_lease: the statements of Backend.expire_lease as one, with the wake-ups.
-        params = {
-            "lease_id": lease_id,
-            "usage_json": "{}",
-            "error": "lease_expired",
-            "retryable": None,
-            "known_pipelines": known_pipelines,
-            "unreadable": _encode(unreadable).decode(),
-            "policies": _encode(policies).decode(),
-            "rand": rand,
-            "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
-            "run_status": "stale",
-            "now": now,
-        }
+        params = _attempt_params(
+            "stale", "{}", "lease_expired", None, known_pipelines, unreadable, policies, rand, now
+        )
+        params["lease_id"] = lease_id
         row = self._one("expire_lease", params)
         return None if row is None else _failed(row)
 
@@ -553,6 +533,33 @@ class PostgresBackend(Backend):
 
     def _queue_row(self, r: tuple[Any, ...]) -> QueueRow:
         return (r[0], int(r[1]), r[2], int(r[3]), int(r[4]), int(r[5]))
+
+
+def _attempt_params(
+    run_status: str,
+    usage_json: str,
+    error: str | None,
+    retryable: bool | None,
+    known_pipelines: int,
+    unreadable: Sequence[str],
+    policies: Sequence[StagePolicyRow],
+    rand: float,
+    now: int,
+) -> dict[str, Any]:
+    """The parameters of the fragment failed_attempt, which fail_run and expire_lease end
+    with: how the run ends, and what the failure is decided from."""
+    return {
+        "run_status": run_status,
+        "usage_json": usage_json,
+        "error": error,
+        "retryable": retryable,
+        "known_pipelines": known_pipelines,
+        "unreadable": _encode(unreadable).decode(),
+        "policies": _encode(policies).decode(),
+        "rand": rand,
+        "parked_at": core.DEAD_LETTER_ELIGIBLE_AT,
+        "now": now,
+    }
 
 
 def _failed(row: Sequence[Any]) -> Failed:
