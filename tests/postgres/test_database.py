@@ -453,6 +453,45 @@ def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_sn
     assert seen == []  # refused by PostgreSQL
 
 
+def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
+    open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /tasks/{id} (nullboiler's, every cycle), GET /health (a supervisor's probe) and GET
+    /ops/queue (a dashboard's): each reads the store in one statement, run with no
+    transaction around it, so each is one round trip; and each answers as before."""
+    db = open_db(pg_empty_dsn)
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    tasks = seed(db, tracker, role, 3)
+    now = wall_ms()
+    assert db.write_sync(lambda b: tracker.claim(b, Claim("a", role), now)) is not None
+    seen: list[tuple[str, bool]] = []
+    run_statement = PostgresBackend._cur
+
+    def spy(self: PostgresBackend, name: str, params: dict[str, Any]) -> Any:
+        seen.append((name, bool(self.conn.autocommit)))
+        return run_statement(self, name, params)
+
+    db.read_sync(lambda b: tracker.get_task(b, tasks[0]))  # the pipeline read once, then kept
+    monkeypatch.setattr(PostgresBackend, "_cur", spy)
+    reads: list[tuple[str, Callable[[Any], Any], str]] = [
+        ("get_task", lambda b: tracker.get_task(b, tasks[0]), "task_view"),
+        ("health", lambda b: tracker.health(b, now), "health_counts"),
+        ("queue_report", lambda b: tracker.queue_report(b, now, 60_000, 300_000), "queue_counts"),
+    ]
+    answers = {}
+    for kind, job, statement in reads:
+        seen.clear()
+        answers[kind] = asyncio.run(db.read(job, kind=kind))
+        assert seen == [(statement, True)], kind
+    assert answers["get_task"].id == tasks[0] and answers["get_task"].latest_run is not None
+    health = answers["health"]
+    assert [(c.stage, c.count) for c in health.tasks_by_stage] == [("todo", 3)]
+    assert health.active_leases == 1
+    roles = {q.role: q for q in answers["queue_report"].roles}
+    assert (roles[role].claimable_count, roles[role].near_expiry_leases) == (2, 0)
+
+
 def test_the_reaper_ends_each_expired_lease_in_one_statement_with_its_wake_ups(
     open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

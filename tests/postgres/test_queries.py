@@ -31,6 +31,8 @@ POSTGRES_ONLY = {
     "lock_lease_by_run": "lease_by_run in a write: lease-protected writes on one lease in turn",
     "lock_lease_by_id": "lease_by_id in a write (the same)",
     "task_view": "Backend.task_view, GET /tasks/{id}'s reads, in one statement (one round trip)",
+    "health_counts": "Backend.health_counts, GET /health's reads, in one statement",
+    "queue_counts": "Backend.queue_counts, GET /ops/queue's reads, in one statement",
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",

@@ -20,10 +20,15 @@ def fail(b: Backend, got: Claimed, error: str, now: int, retry_at: int | None = 
     b.insert_event(got.run_id, "retry_scheduled", "{}", now)
 
 
-@covers("Backend.tasks_by_stage", "Backend.active_leases", "Backend.engine")
+@covers(
+    "Backend.tasks_by_stage", "Backend.active_leases", "Backend.health_counts", "Backend.engine"
+)
 def test_health_counts_tasks_by_stage_and_live_leases(database: Database, backend: str) -> None:
+    """Also health_counts, /health's reads in one go (on PostgreSQL one statement): what
+    tasks_by_stage and active_leases read one by one."""
     assert database.read_sync(lambda b: b.tasks_by_stage()) == []
     assert database.read_sync(lambda b: b.active_leases(NOW)) == 0
+    assert database.read_sync(lambda b: b.health_counts(NOW)) == ([], 0)
 
     def job(b: Backend) -> None:
         pipeline_id = make_pipeline(b)
@@ -36,6 +41,8 @@ def test_health_counts_tasks_by_stage_and_live_leases(database: Database, backen
     assert [(c.stage, c.count) for c in counts] == [("done", 1), ("review", 1), ("todo", 2)]
     assert database.read_sync(lambda b: b.active_leases(NOW + 999)) == 1
     assert database.read_sync(lambda b: b.active_leases(NOW + 1_000)) == 0
+    for at, leases in ((NOW + 999, 1), (NOW + 1_000, 0)):
+        assert database.read_sync(lambda b, at=at: b.health_counts(at)) == (counts, leases)
     engine, version, options = database.read_sync(lambda b: b.engine())
     assert engine == database.capabilities.name and version[0].isdigit()
     assert isinstance(options, list) and all(isinstance(o, str) for o in options)
@@ -45,10 +52,13 @@ def test_health_counts_tasks_by_stage_and_live_leases(database: Database, backen
     "Backend.stage_board",
     "Backend.role_stage_queue",
     "Backend.parked_totals",
+    "Backend.queue_counts",
     "Backend.cancel_task",
     "Backend.dead_letter_task",
 )
 def test_the_stage_board_and_the_queue_count_where_tasks_stand(database: Database) -> None:
+    assert database.read_sync(lambda b: b.queue_counts(NOW, NOW, NOW)) == ([], 0, 0)
+
     def job(b: Backend) -> tuple[str, list[str]]:
         pipeline_id = make_pipeline(b)
         ids = [make_task(b, pipeline_id, now=NOW - 100 + i) for i in range(6)]
@@ -78,9 +88,16 @@ def test_the_stage_board_and_the_queue_count_where_tasks_stand(database: Databas
     assert queue == [("coder", 2, NOW - 96, 0, 1, 1), ("reviewer", 0, None, 0, 0, 0)]
     queue = database.read_sync(lambda b: sorted(b.role_stage_queue(NOW, NOW - 1, NOW + 999)))
     assert queue[0] == ("coder", 2, NOW - 96, 0, 0, 0)
+    # queue_counts, /ops/queue's reads in one go (on PostgreSQL one statement): the same rows
+    # in the same order, then the parked totals.
+    for window in ((NOW, NOW + 1_000), (NOW - 1, NOW + 999)):
+        rows = database.read_sync(lambda b, w=window: b.role_stage_queue(NOW, *w))
+        assert database.read_sync(lambda b, w=window: b.queue_counts(NOW, *w)) == (rows, 1, 1)
     database.write_sync(lambda b: b.end_run(got.run_id, "failed", "{}", "e", NOW + 2))
     queue = database.read_sync(lambda b: sorted(b.role_stage_queue(NOW, NOW, NOW + 1_000)))
     assert queue[0] == ("coder", 3, NOW - 100, 1, 0, 1)  # the lease is left: near expiry
+    rows, dead, cancelled = database.read_sync(lambda b: b.queue_counts(NOW, NOW, NOW + 1_000))
+    assert (sorted(rows), dead, cancelled) == (queue, 1, 1)
 
 
 @covers("Backend.list_failures", "Backend.failure_groups", "Backend.failing_tasks")

@@ -60,7 +60,9 @@ class Reports(TrackerBase):
     )
     def queue_report(self, b: Backend, now: int, near_expiry_ms: int, stuck_ms: int) -> QueueReport:
         roles: dict[str, RoleQueue] = {}
-        rows = b.role_stage_queue(now, _clamp(now - stuck_ms), _clamp(now + near_expiry_ms))
+        rows, dead, cancelled = b.queue_counts(  # on PostgreSQL one statement
+            now, _clamp(now - stuck_ms), _clamp(now + near_expiry_ms)
+        )
         for role, claimable, oldest, failed, stuck, near in rows:
             q = roles.get(role)
             if q is None:
@@ -72,7 +74,6 @@ class Reports(TrackerBase):
             q.failed_count += failed
             q.stuck_count += stuck
             q.near_expiry_leases += near
-        dead, cancelled = b.parked_totals()
         return QueueReport(list(roles.values()), now, dead, cancelled)
 
     @verb(
@@ -238,9 +239,8 @@ class Reports(TrackerBase):
     )
     def health(self, b: Backend, now: int) -> Health:
         engine, version, options = b.engine()
-        health = Health(
-            "ok", __version__, b.tasks_by_stage(), b.active_leases(now), core.IMPLEMENTATION
-        )
+        stages, leases = b.health_counts(now)  # on PostgreSQL one statement
+        health = Health("ok", __version__, stages, leases, core.IMPLEMENTATION)
         if engine == "sqlite":
             health.sqlite_version, health.sqlite_options = version, options
         return health

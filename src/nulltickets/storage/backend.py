@@ -1326,6 +1326,16 @@ class Backend:
         }
         return [self._queue_row(r) for r in self._all("role_stage_queue", params)]
 
+    def queue_counts(
+        self, now: int, stuck_before: int, near_expiry_before: int
+    ) -> tuple[list[QueueRow], int, int]:
+        """What GET /ops/queue reads of the store, in one snapshot: role_stage_queue's rows,
+        then parked_totals' dead-lettered and cancelled tasks. Composed here of those two; a
+        backend may run it as one statement (PostgreSQL: queue_counts)."""
+        rows = self.role_stage_queue(now, stuck_before, near_expiry_before)
+        dead, cancelled = self.parked_totals()
+        return rows, dead, cancelled
+
     # --- traces --------------------------------------------------------------------------------
 
     def insert_otlp_batch(
@@ -1380,6 +1390,12 @@ class Backend:
 
     def active_leases(self, now: int) -> int:
         return int(self._value("active_leases", {"now": now}))
+
+    def health_counts(self, now: int) -> tuple[list[StageCount], int]:
+        """What GET /health reads of the store, in one snapshot: the tasks per stage
+        (tasks_by_stage) and the live leases (active_leases). Composed here of those two; a
+        backend may run it as one statement (PostgreSQL: health_counts)."""
+        return self.tasks_by_stage(), self.active_leases(now)
 
     # --- idempotency ---------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from nulltickets import core
-from nulltickets.domain.model import Assignment, Dependency, Failure, LeaseRow, Task
+from nulltickets.domain.model import Assignment, Dependency, Failure, LeaseRow, StageCount, Task
 from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import (
     Backend,
@@ -61,6 +61,8 @@ _decode_any = msgspec.json.Decoder()
 _failures = msgspec.json.Decoder(list[tuple[int, str, str, str | None, int | None]])
 _dependencies = msgspec.json.Decoder(list[tuple[str, bool]])
 _assignments = msgspec.json.Decoder(list[tuple[str, str, str | None, bool, int, int]])
+_queue_rows = msgspec.json.Decoder(list[tuple[str, int, int | None, int, int, int]])
+_stage_counts = msgspec.json.Decoder(list[tuple[str, int]])
 
 # Statements that are, when a unit of work that writes starts with them, that whole unit of
 # work: each then runs as its own transaction (autocommit), so PostgreSQL sees one message and
@@ -533,6 +535,23 @@ class PostgresBackend(Backend):
 
     def _queue_row(self, r: tuple[Any, ...]) -> QueueRow:
         return (r[0], int(r[1]), r[2], int(r[3]), int(r[4]), int(r[5]))
+
+    def queue_counts(
+        self, now: int, stuck_before: int, near_expiry_before: int
+    ) -> tuple[list[QueueRow], int, int]:
+        params = {
+            "now": now,
+            "stuck_before": stuck_before,
+            "near_expiry_before": near_expiry_before,
+        }
+        row = self._one("queue_counts", params)
+        assert row is not None  # an aggregate: always one row
+        return _queue_rows.decode(row[2]), int(row[0]), int(row[1])
+
+    def health_counts(self, now: int) -> tuple[list[StageCount], int]:
+        row = self._one("health_counts", {"now": now})
+        assert row is not None
+        return [StageCount(stage, n) for stage, n in _stage_counts.decode(row[0])], int(row[1])
 
 
 def _attempt_params(

@@ -1108,11 +1108,12 @@ WHERE (:namespace::text IS NULL OR s.namespace = :namespace::text)
 ORDER BY score, s.namespace, s.key
 LIMIT :limit;
 
--- role_stage_queue --
+-- fragment role_stage_rows --
 -- One row per (pipeline, stage) that names a role, with the counts /ops/queue sums per role.
 -- Not one-to-one in shape: the claimable count and the oldest claimable task's created_at_ms
 -- come as two columns (SQLite packs them into one JSON array to get both from one walk of its
--- index; a LATERAL subquery does that here): (role, claimable, oldest, failed, stuck, near).
+-- index; a LATERAL subquery does that here): (role, claimable, oldest, failed, stuck, near),
+-- then the stage's pipeline_id and stage.
 -- Nor in cost: PostgreSQL has no INDEXED BY, and where a stage's share of all tasks looks
 -- large to its planner (few pipelines and stages, most tasks finished) it counts by scanning
 -- the tasks instead of walking idx_tasks_claim; an /ops/queue read, not a claim, pays that.
@@ -1141,7 +1142,9 @@ SELECT
         JOIN tasks AS t ON t.id = r.task_id
         WHERE l.expires_at_ms > :now AND l.expires_at_ms <= :near_expiry_before
             AND t.pipeline_id = s.pipeline_id AND t.stage = s.stage
-    ) AS near_expiry_leases
+    ) AS near_expiry_leases,
+    s.pipeline_id,
+    s.stage
 FROM pipeline_stages AS s
 CROSS JOIN LATERAL (
     SELECT count(*) AS claimable, min(t.created_at_ms) AS oldest
@@ -1149,7 +1152,44 @@ CROSS JOIN LATERAL (
     WHERE {ready_in_stage}
 ) AS c
 WHERE s.agent_role IS NOT NULL
+
+-- role_stage_queue --
+-- The rows of role_stage_rows, in order of pipeline and stage.
+{role_stage_rows}
 ORDER BY s.pipeline_id, s.stage;
+
+-- queue_counts --
+-- Backend.queue_counts in one statement (one round trip): the dead-lettered and cancelled
+-- tasks of parked_totals, then the rows of role_stage_queue as one JSON array of arrays, in
+-- the same order ([] when no stage names a role).
+SELECT
+    count(*) FILTER (WHERE p.cancelled_at_ms IS NULL),
+    count(*) FILTER (WHERE p.cancelled_at_ms IS NOT NULL),
+    (
+        SELECT coalesce(
+            json_agg(
+                json_build_array(q.agent_role, q.claimable, q.oldest, q.failed_count,
+                    q.stuck_count, q.near_expiry_leases)
+                ORDER BY q.pipeline_id, q.stage
+            ),
+            '[]'
+        )::text
+        FROM (
+            {role_stage_rows}
+        ) AS q
+    )
+FROM tasks AS p
+WHERE p.dead_letter_reason IS NOT NULL;
+
+-- health_counts --
+-- Backend.health_counts in one statement (one round trip): the rows of tasks_by_stage as one
+-- JSON array of [stage, count], in the same order, and active_leases.
+SELECT
+    (
+        SELECT coalesce(json_agg(json_build_array(s.stage, s.n) ORDER BY s.stage), '[]')::text
+        FROM (SELECT stage, count(*) AS n FROM tasks GROUP BY stage) AS s
+    ),
+    (SELECT count(*) FROM leases WHERE expires_at_ms > :now);
 
 -- insert_otlp_batch --
 -- Not one-to-one: returns the new batch's id, which SQLite reads from last_insert_rowid().
