@@ -249,18 +249,20 @@ FROM runs AS r
 JOIN tasks AS t ON t.id = r.task_id
 WHERE r.status = 'running' AND t.stage = :stage;
 
+-- fragment run_of_t_running --
+-- Task t's running run (it has at most one: runs_one_running_per_task).
+SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running'
+
 -- fragment ready_in_stage --
 -- The conditions under which task t of the stage of pipeline_stages s is ready to be claimed,
--- for any agent: not parked, eligible by now, not running, every task it depends on finished.
--- best_in_stage adds the claiming agent's assignments; role_stage_queue counts them all.
+-- for any agent: not parked, eligible by now, every task it depends on finished, and not
+-- running, which best_in_stage and role_stage_rows each add in the form their plan needs
+-- (NOT EXISTS ({run_of_t_running})). best_in_stage adds the claiming agent's assignments;
+-- role_stage_rows counts them all.
 t.pipeline_id = s.pipeline_id
     AND t.stage = s.stage
     AND t.dead_letter_reason IS NULL
     AND t.next_eligible_at_ms <= :now
-    AND NOT EXISTS (
-        SELECT 1 FROM runs AS r
-        WHERE r.task_id = t.id AND r.status = 'running'
-    )
     AND NOT EXISTS (
         SELECT 1
         FROM task_dependencies AS d
@@ -273,13 +275,18 @@ t.pipeline_id = s.pipeline_id
 -- fragment best_in_stage --
 -- The choice of claim_candidate and claim_task in the stage of pipeline_stages s: its best
 -- claimable task, locked. Its last condition is the fence the snapshot sees, as the row lock
--- sees it (see claim_candidate).
+-- sees it (see claim_candidate). "Not running" is one probe of runs_one_running_per_task for
+-- each task walked: OFFSET 0 keeps it a subquery of its own. Left to the planner, it became an
+-- anti-join that, planned while runs held few rows, read that whole index for each task: at
+-- 64 agents, a claim walking past the running tasks at the head of its stage read thousands
+-- of index entries (1,150 buffers a claim against 190 now).
 SELECT
     t.id, t.pipeline_id, t.stage, t.title, t.description, t.priority, t.metadata_json,
     t.task_version, t.next_eligible_at_ms, t.retry_delay_ms, t.max_attempts,
     t.dead_letter_stage, t.dead_letter_reason, t.created_at_ms, t.updated_at_ms, t.seq
 FROM tasks AS t
 WHERE {ready_in_stage}
+    AND NOT EXISTS ({run_of_t_running} OFFSET 0)
     AND (
         NOT EXISTS (
             SELECT 1 FROM task_assignments AS a
@@ -1150,6 +1157,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS claimable, min(t.created_at_ms) AS oldest
     FROM tasks AS t
     WHERE {ready_in_stage}
+        AND NOT EXISTS ({run_of_t_running})  -- left to the planner: a hash anti-join, for all
 ) AS c
 WHERE s.agent_role IS NOT NULL
 
