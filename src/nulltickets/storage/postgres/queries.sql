@@ -27,6 +27,11 @@
 -- The lease of run :run_id (l), its run (r) and task (t), only if the lease is held with
 -- :token_hash, is live at :now, has :fence when one is given, and the request's key exists:
 -- what every request under a lease checks, as Backend._held does step by step.
+-- A statement that ends the run (transition_run, fail_run, release_run; expire_lease the same
+-- way) checks that it is running where it ends it, in the UPDATE its other changes follow from,
+-- not here: with "status = 'running'" here, the planner, its plan made while runs held few
+-- rows, found the run by reading the whole of runs_one_running_per_task (every running run)
+-- instead of by its primary key.
 FROM leases AS l
 JOIN runs AS r ON r.id = l.run_id
 JOIN tasks AS t ON t.id = r.task_id
@@ -536,7 +541,6 @@ RETURNING expires_at_ms;
 WITH held AS (
     SELECT l.id, l.run_id, r.task_id, t.stage, t.task_version, t.pipeline_id
     {held_lease}
-        AND r.status = 'running'
         AND (:expected_stage::text IS NULL OR t.stage = :expected_stage::text)
         AND (
             :expected_task_version::bigint IS NULL
@@ -898,7 +902,6 @@ WITH held AS (
         l.id, l.run_id, r.task_id, t.stage, t.pipeline_id, t.max_attempts, t.retry_delay_ms,
         t.retry_delay_set, t.dead_letter_stage, t.failures_forgiven
     {held_lease}
-        AND r.status = 'running'
         AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
         AND NOT :unreadable::jsonb ? t.pipeline_id
     FOR UPDATE OF t, l
@@ -922,7 +925,6 @@ WITH held AS (
     JOIN tasks AS t ON t.id = r.task_id
     WHERE l.id = :lease_id
         AND l.expires_at_ms <= :now
-        AND r.status = 'running'
         AND (SELECT count(*) FROM pipelines) = :known_pipelines::bigint
         AND NOT :unreadable::jsonb ? t.pipeline_id
     FOR UPDATE OF t, l
@@ -991,7 +993,6 @@ ORDER BY d.expires_at_ms, d.run_id
 WITH held AS (
     SELECT l.id, l.run_id, l.agent_id, l.expires_at_ms, r.task_id, t.stage, t.pipeline_id
     {held_lease}
-        AND r.status = 'running'
     FOR UPDATE OF t, l
 ),
 {release_held};
