@@ -31,7 +31,7 @@ def _run(db_path: Path, cycles: int) -> float:
     def setup(b: Backend) -> None:
         pipeline = tracker.create_pipeline(b, CreatePipeline("core", definition), now_ms())
         for _ in range(cycles):
-            tracker.create_task(b, CreateTask(pipeline, "t", ""), now_ms())
+            tracker.add_task(b, CreateTask(pipeline, "t", ""), now_ms())
 
     database.write_sync(setup)
     claim, move = Claim("agent", "worker"), MoveTask("complete")

@@ -15,7 +15,7 @@ from benchmarks.harness import PIPELINE, BenchServer
 from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import CreatePipeline
 from nulltickets.service import Tracker
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, NewTask
 from nulltickets.storage.sqlite.database import SqliteDatabase
 
 
@@ -34,19 +34,21 @@ def seed_database(db: Path, *, done: int, waiting: int) -> str:
         stages = ["done"] * done + ["todo"] * waiting
         for i, stage in enumerate(stages):
             b.insert_task(
-                id=str(uuid.uuid4()),
-                pipeline_id=pipeline,
-                stage=stage,
-                title="seeded",
-                description="",
-                priority=0,
-                metadata_json="{}",
-                max_attempts=None,
-                retry_delay_ms=0,
-                dead_letter_stage=None,
-                idempotency_key=None,
-                retry_delay_set=False,
-                now=start + i,
+                NewTask(
+                    id=str(uuid.uuid4()),
+                    pipeline_id=pipeline,
+                    stage=stage,
+                    title="seeded",
+                    description="",
+                    priority=0,
+                    metadata_json="{}",
+                    max_attempts=None,
+                    retry_delay_ms=0,
+                    dead_letter_stage=None,
+                    idempotency_key=None,
+                    retry_delay_set=False,
+                    now=start + i,
+                )
             )
         return pipeline
 

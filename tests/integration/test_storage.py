@@ -42,7 +42,7 @@ def seed(db: Database, tracker: Tracker, n: int) -> tuple[str, list[str]]:
     def job(b):  # type: ignore[no-untyped-def]
         now = now_ms()
         pid = tracker.create_pipeline(b, CreatePipeline("p", raw(PIPELINE)), now)  # type: ignore[arg-type]
-        ids = [tracker.create_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
+        ids = [tracker.add_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
         return pid, ids
 
     return db.write_sync(job)  # type: ignore[no-any-return]
@@ -202,10 +202,10 @@ def test_a_failing_job_does_not_fail_its_neighbours_in_the_same_batch(db: Databa
     pid, _ = seed(db, tracker, 0)
 
     def good(i: int):  # type: ignore[no-untyped-def]
-        return lambda b: tracker.create_task(b, CreateTask(pid, f"g{i}", ""), now_ms())
+        return lambda b: tracker.add_task(b, CreateTask(pid, f"g{i}", ""), now_ms())
 
     def bad(b):  # type: ignore[no-untyped-def]
-        tracker.create_task(b, CreateTask(pid, "half", ""), now_ms())  # written, then undone
+        tracker.add_task(b, CreateTask(pid, "half", ""), now_ms())  # written, then undone
         raise TaskNotFound()
 
     async def together() -> list[object]:
@@ -234,13 +234,13 @@ def test_only_a_job_that_wrote_before_failing_makes_its_neighbours_run_again(
 
     def good(b):  # type: ignore[no-untyped-def]
         calls.append("good")
-        return tracker.create_task(b, CreateTask(pid, "kept", ""), now_ms())
+        return tracker.add_task(b, CreateTask(pid, "kept", ""), now_ms())
 
     def fails_clean(b):  # type: ignore[no-untyped-def]
         raise TaskNotFound()
 
     def fails_dirty(b):  # type: ignore[no-untyped-def]
-        tracker.create_task(b, CreateTask(pid, "undone", ""), now_ms())
+        tracker.add_task(b, CreateTask(pid, "undone", ""), now_ms())
         raise TaskNotFound()
 
     async def batch(failing: object) -> list[object]:
@@ -267,7 +267,7 @@ def test_a_batch_larger_than_the_limit_is_split_and_every_job_answered(db: Datab
 
     async def many() -> list[str]:
         return await asyncio.gather(
-            *(db.write(lambda b: tracker.create_task(b, CreateTask(pid, "t", ""), now_ms()))
+            *(db.write(lambda b: tracker.add_task(b, CreateTask(pid, "t", ""), now_ms()))
               for _ in range(35))
         )  # fmt: skip
 
@@ -378,7 +378,7 @@ def bulk_tasks(tracker: Tracker, pipeline_id: str) -> Callable[[Backend], None]:
 
     def job(b: Backend) -> None:
         for i in range(25):
-            tracker.create_task(b, CreateTask(pipeline_id, f"bulk {i}", "x" * 2000), now_ms())
+            tracker.add_task(b, CreateTask(pipeline_id, f"bulk {i}", "x" * 2000), now_ms())
 
     return job
 

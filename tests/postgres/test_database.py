@@ -54,7 +54,7 @@ def seed(db: PostgresDatabase, tracker: Tracker, role: str, n: int) -> list[str]
     def job(b: PostgresBackend) -> list[str]:
         now = wall_ms()
         pid = tracker.create_pipeline(b, pipeline(role), now)
-        return [tracker.create_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
+        return [tracker.add_task(b, CreateTask(pid, f"t{i}", ""), now) for i in range(n)]
 
     return db.write_sync(job)
 
@@ -393,6 +393,59 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     assert units[-1].committed_alone is None
 
 
+def test_a_task_created_on_its_own_is_one_statement_with_its_wake_up(
+    open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str
+) -> None:
+    """POST /tasks for a task with no dependencies and no assignment, once the process has
+    read its pipeline, is one statement that commits itself and sends the wake-up of the
+    stage's role; under a taken idempotency key it answers with the task already there; with
+    a dependency it goes step by step in one transaction; a revoked key writes nothing."""
+    from nulltickets.errors import Unauthorized
+
+    db, listener = open_db(pg_empty_dsn), open_db(pg_empty_dsn)
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    now = wall_ms()
+    pid = db.write_sync(lambda b: tracker.create_pipeline(b, pipeline(role), now))
+    units: list[PostgresBackend] = []
+
+    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
+        def run(b: PostgresBackend) -> Any:
+            units.append(b)
+            return job(b)
+
+        return db.write_sync(run)
+
+    def create(cmd: CreateTask, key_id: str | None = None) -> str:
+        def job(b: PostgresBackend) -> str:
+            if key_id is not None:
+                b.confirm_key(key_id)
+            return tracker.create_task(b, cmd, now)
+
+        return str(unit(job))
+
+    create(CreateTask(pid, "zero", ""))  # the process reads the pipeline's definition once
+    assert units[-1].committed_alone is None
+    first = create(CreateTask(pid, "first", "", idempotency_key="plan"))
+    assert units[-1].committed_alone == "create_task"
+    wait_for("the wake-up of the stage's role", lambda: (role, 0) in heard)
+    assert create(CreateTask(pid, "again", "", idempotency_key="plan")) == first
+    assert units[-1].committed_alone is None  # nothing written: it read the task instead
+    second = create(CreateTask(pid, "second", "", dependencies=[first]))
+    assert units[-1].committed_alone is None
+    assert [d.depends_on_task_id for d in db.read_sync(lambda b: b.list_dependencies(second))] == [
+        first
+    ]
+    with pytest.raises(Unauthorized):
+        create(CreateTask(pid, "refused", ""), key_id=unique("gone"))
+    listed = db.read_sync(lambda b: b.list_tasks(stage=None, pipeline_id=pid, after=None, limit=10))
+    titles = {t.title for t in listed}
+    assert titles == {"zero", "first", "second"}
+
+
 def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_snapshot(
     open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -572,9 +625,9 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
         retried = RetryPolicy(max_attempts=5, retry_delay_ms=7_000)
         dead = RetryPolicy(max_attempts=1, dead_letter_stage="dead")
         return (
-            tracker.create_task(b, CreateTask(pid, "r", "", priority=3, retry_policy=retried), now),
-            tracker.create_task(b, CreateTask(pid, "d", "", priority=2, retry_policy=dead), now),
-            tracker.create_task(b, CreateTask(pid, "p", "", priority=1), now),
+            tracker.add_task(b, CreateTask(pid, "r", "", priority=3, retry_policy=retried), now),
+            tracker.add_task(b, CreateTask(pid, "d", "", priority=2, retry_policy=dead), now),
+            tracker.add_task(b, CreateTask(pid, "p", "", priority=1), now),
         )
 
     retried_id, dead_id, put_down_id = db.write_sync(job)
@@ -720,7 +773,7 @@ def test_releasing_an_agent_is_one_statement_that_checks_the_key(
 
     def job(b: PostgresBackend) -> list[str]:
         pid = tracker.create_pipeline(b, pipeline(role), now)
-        return [tracker.create_task(b, CreateTask(pid, f"t{n}", ""), now) for n in range(3)]
+        return [tracker.add_task(b, CreateTask(pid, f"t{n}", ""), now) for n in range(3)]
 
     db.write_sync(job)
     claims = [db.write_sync(lambda b: tracker.claim(b, Claim(agent, role), now)) for _ in "ab"]

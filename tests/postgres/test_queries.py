@@ -33,6 +33,7 @@ POSTGRES_ONLY = {
     "task_view": "Backend.task_view, GET /tasks/{id}'s reads, in one statement (one round trip)",
     "health_counts": "Backend.health_counts, GET /health's reads, in one statement",
     "queue_counts": "Backend.queue_counts, GET /ops/queue's reads, in one statement",
+    "create_task": "Backend.create_task: POST /tasks in one statement, its wake-up with it",
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",

@@ -465,7 +465,7 @@ definition = msgspec.Raw(msgspec.json.encode(DEFINITION))
 pid = db.write_sync(lambda b: tracker.create_pipeline(b, CreatePipeline("p", definition), now_ms()))
 for i in range(100000):
     def job(b, i=i):
-        return [tracker.create_task(b, CreateTask(pid, f"t{i}-{n}", "x" * 200), now_ms())
+        return [tracker.add_task(b, CreateTask(pid, f"t{i}-{n}", "x" * 200), now_ms())
                 for n in range(5)]
     for task_id in db.write_sync(job):
         print(task_id, flush=True)

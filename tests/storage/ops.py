@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from nulltickets.domain.ids import new_id
 from nulltickets.domain.model import Task
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, NewTask
 from nulltickets.storage.ports import Database, Notifier
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -108,19 +108,21 @@ def make_task(
 ) -> str:
     task_id = new_id()
     inserted = b.insert_task(
-        id=task_id,
-        pipeline_id=pipeline_id,
-        stage=stage,
-        title=title,
-        description=description,
-        priority=priority,
-        metadata_json=metadata_json,
-        max_attempts=max_attempts,
-        retry_delay_ms=retry_delay_ms,
-        dead_letter_stage=dead_letter_stage,
-        idempotency_key=idempotency_key,
-        retry_delay_set=retry_delay_set,
-        now=now,
+        NewTask(
+            id=task_id,
+            pipeline_id=pipeline_id,
+            stage=stage,
+            title=title,
+            description=description,
+            priority=priority,
+            metadata_json=metadata_json,
+            max_attempts=max_attempts,
+            retry_delay_ms=retry_delay_ms,
+            dead_letter_stage=dead_letter_stage,
+            idempotency_key=idempotency_key,
+            retry_delay_set=retry_delay_set,
+            now=now,
+        )
     )
     assert inserted
     return task_id

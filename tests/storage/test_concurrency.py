@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from nulltickets.errors import DuplicateName, StorageBusy
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, NewTask
 from nulltickets.storage.ports import Database
 from tests.storage.conftest import Target
 from tests.storage.ops import NOW, claim, claimed, covers, make_pipeline, make_task
@@ -156,19 +156,21 @@ def test_concurrent_creates_under_one_task_key_make_one_task(
         def job(b: Backend) -> str:
             task_id = f"task-{n}"
             inserted = b.insert_task(
-                id=task_id,
-                pipeline_id=pipeline_id,
-                stage="todo",
-                title=f"from {n}",
-                description="",
-                priority=0,
-                metadata_json="{}",
-                max_attempts=None,
-                retry_delay_ms=0,
-                dead_letter_stage=None,
-                idempotency_key="plan-1",
-                retry_delay_set=False,
-                now=NOW,
+                NewTask(
+                    id=task_id,
+                    pipeline_id=pipeline_id,
+                    stage="todo",
+                    title=f"from {n}",
+                    description="",
+                    priority=0,
+                    metadata_json="{}",
+                    max_attempts=None,
+                    retry_delay_ms=0,
+                    dead_letter_stage=None,
+                    idempotency_key="plan-1",
+                    retry_delay_set=False,
+                    now=NOW,
+                )
             )
             found = task_id if inserted else b.task_by_idempotency_key(pipeline_id, "plan-1")
             assert found is not None

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from nulltickets.errors import DuplicateDependency, DuplicateName
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, NewTask
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, claimed, covers, make_pipeline, make_task
 
@@ -92,6 +92,46 @@ def test_a_task_is_stored_as_written(database: Database) -> None:
     assert not database.read_sync(lambda b: b.retry_delay_set(other))
 
 
+@covers("Backend.create_task")
+def test_creating_a_task_inserts_what_insert_task_does_and_may_send_its_wake_up(
+    database: Database, backend: str
+) -> None:
+    """create_task, the whole of POST /tasks's unit of work (on PostgreSQL one statement that
+    commits itself): the task as insert_task writes it; nothing under a taken idempotency
+    key; a wake-up sent only where the backend sends it with the insert (PostgreSQL), for a
+    task inserted and a role given."""
+    pipeline_id = database.write_sync(lambda b: make_pipeline(b))
+
+    def new(id: str, key: str | None = None) -> NewTask:
+        return NewTask(
+            id=id,
+            pipeline_id=pipeline_id,
+            stage="todo",
+            title=f"t {id}",
+            description="d",
+            priority=2,
+            metadata_json='{"k":1}',
+            max_attempts=3,
+            retry_delay_ms=10,
+            dead_letter_stage="dead",
+            idempotency_key=key,
+            retry_delay_set=True,
+            now=NOW,
+        )
+
+    sends = backend == "postgresql"
+    assert database.write_sync(lambda b: b.create_task(new("a", "k"), "coder")) == (True, sends)
+    assert database.write_sync(lambda b: b.create_task(new("b", "k"), "coder")) == (False, False)
+    assert database.write_sync(lambda b: b.create_task(new("c"), None)) == (True, False)
+    assert database.write_sync(lambda b: b.insert_task(new("d")))
+    assert database.read_sync(lambda b: b.task_by_idempotency_key(pipeline_id, "k")) == "a"
+    assert database.read_sync(lambda b: b.task_exists("b")) is False
+    created, inserted = database.read_sync(lambda b: (b.get_task("c"), b.get_task("d")))
+    assert created is not None and inserted is not None
+    assert msgspec.structs.replace(created, id="d", title="t d") == inserted
+    assert database.read_sync(lambda b: b.retry_delay_set("c"))
+
+
 @covers("Backend.insert_task", "Backend.task_by_idempotency_key")
 def test_an_idempotency_key_names_one_task_per_pipeline(database: Database) -> None:
     first, second = database.write_sync(lambda b: (make_pipeline(b), make_pipeline(b)))
@@ -99,19 +139,21 @@ def test_an_idempotency_key_names_one_task_per_pipeline(database: Database) -> N
 
     def again(b: Backend, pipeline_id: str) -> bool:
         return b.insert_task(
-            id="another",
-            pipeline_id=pipeline_id,
-            stage="todo",
-            title="t",
-            description="",
-            priority=0,
-            metadata_json="{}",
-            max_attempts=None,
-            retry_delay_ms=0,
-            dead_letter_stage=None,
-            idempotency_key="k",
-            retry_delay_set=False,
-            now=NOW,
+            NewTask(
+                id="another",
+                pipeline_id=pipeline_id,
+                stage="todo",
+                title="t",
+                description="",
+                priority=0,
+                metadata_json="{}",
+                max_attempts=None,
+                retry_delay_ms=0,
+                dead_letter_stage=None,
+                idempotency_key="k",
+                retry_delay_set=False,
+                now=NOW,
+            )
         )
 
     assert database.write_sync(lambda b: again(b, first)) is False  # the key is taken

@@ -63,7 +63,7 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import Param, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend
+from nulltickets.storage.backend import Backend, NewTask
 
 
 class Tasks(TrackerBase):
@@ -88,13 +88,27 @@ class Tasks(TrackerBase):
         answer=IdBody,
         tool=Tool("create_task", hide=("assigned_by",)),
     )
-    def create_task(
-        self, b: Backend, cmd: CreateTask, now: int, where: str = "$.retry_policy"
+    def create_task(self, b: Backend, cmd: CreateTask, now: int) -> str:
+        """One task, as the whole of its unit of work: a task with no dependencies and no
+        assignment is one statement on PostgreSQL, its wake-up with it."""
+        return self.add_task(b, cmd, now, whole=True)
+
+    def add_task(
+        self,
+        b: Backend,
+        cmd: CreateTask,
+        now: int,
+        where: str = "$.retry_policy",
+        *,
+        whole: bool = False,
     ) -> str:
-        if b.get_pipeline(cmd.pipeline_id) is None:
-            raise PipelineNotFound(f"pipeline {cmd.pipeline_id!r} not found")
-        pipeline = self._definition(b, cmd.pipeline_id)
+        """Create the task `cmd` in unit of work `b`. With `whole`, nothing else is to be
+        written in `b` (the verb POST /tasks): then, with no dependencies and no assignment,
+        Backend.create_task writes all of it, and may commit it at once."""
+        pipeline = self._definition(b, cmd.pipeline_id)  # read once per process, then kept
         if pipeline is None:
+            if b.get_pipeline(cmd.pipeline_id) is None:
+                raise PipelineNotFound(f"pipeline {cmd.pipeline_id!r} not found")
             raise TrackerError("the pipeline's stored definition cannot be read")
         policy = cmd.retry_policy
         dead_letter = policy.dead_letter_stage if policy is not None else None
@@ -103,9 +117,8 @@ class Tasks(TrackerBase):
                 f"{where}.dead_letter_stage {dead_letter!r} is not a stage of the pipeline "
                 f"(its stages: {', '.join(pipeline.states)})"
             )
-        task_id = new_id()
-        inserted = b.insert_task(
-            id=task_id,
+        task = NewTask(
+            id=new_id(),
             pipeline_id=cmd.pipeline_id,
             stage=pipeline.initial,
             title=cmd.title,
@@ -119,6 +132,11 @@ class Tasks(TrackerBase):
             retry_delay_set=policy is not None and policy.retry_delay_ms is not None,
             now=now,
         )
+        if whole and not cmd.dependencies and cmd.assigned_agent_id is None:
+            state = pipeline.states.get(pipeline.initial)
+            inserted, woken = b.create_task(task, state.agent_role if state else None)
+        else:
+            inserted, woken = b.insert_task(task), False
         if not inserted and cmd.idempotency_key is not None:
             # The same plan again (the pipeline's idempotency keys are unique in the data,
             # so concurrent creates insert one task): the task is already there.
@@ -133,12 +151,13 @@ class Tasks(TrackerBase):
             if dep in seen:
                 raise DuplicateDependency(f"dependency {dep!r} listed twice")
             seen.add(dep)
-            b.insert_dependency(task_id, dep, now)
+            b.insert_dependency(task.id, dep, now)
         if cmd.assigned_agent_id is not None:
-            b.deactivate_assignments(task_id, now)
-            b.upsert_assignment(task_id, cmd.assigned_agent_id, cmd.assigned_by, now)
-        self._signal(b, cmd.pipeline_id, pipeline.initial, agent=cmd.assigned_agent_id)
-        return task_id
+            b.deactivate_assignments(task.id, now)
+            b.upsert_assignment(task.id, cmd.assigned_agent_id, cmd.assigned_by, now)
+        if not woken:
+            self._signal(b, cmd.pipeline_id, pipeline.initial, agent=cmd.assigned_agent_id)
+        return task.id
 
     @verb(
         "POST",
@@ -163,7 +182,7 @@ class Tasks(TrackerBase):
         if not cmd.tasks:
             raise InvalidRequest("tasks must not be empty")
         return [
-            self.create_task(b, task, now, f"$.tasks[{i}].retry_policy")
+            self.add_task(b, task, now, f"$.tasks[{i}].retry_policy")
             for i, task in enumerate(cmd.tasks)
         ]
 

@@ -151,6 +151,45 @@ _NO_RETRY_POLICY: tuple[int | None, float, int | None, float] = (None, 1.0, None
 
 
 @dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to insert (`Backend.insert_task`, `Backend.create_task`): in its pipeline's
+    `stage`, at `now`; `idempotency_key` unique in its pipeline; `retry_delay_set` when the
+    retry delay was given rather than defaulted."""
+
+    id: str
+    pipeline_id: str
+    stage: str
+    title: str
+    description: str
+    priority: int
+    metadata_json: str
+    max_attempts: int | None
+    retry_delay_ms: int
+    dead_letter_stage: str | None
+    idempotency_key: str | None
+    retry_delay_set: bool
+    now: int
+
+    def params(self) -> dict[str, Any]:
+        """The statement parameters of insert_task (and create_task)."""
+        return {
+            "id": self.id,
+            "pipeline_id": self.pipeline_id,
+            "stage": self.stage,
+            "title": self.title,
+            "description": self.description,
+            "priority": self.priority,
+            "metadata_json": self.metadata_json,
+            "max_attempts": self.max_attempts,
+            "retry_delay_ms": self.retry_delay_ms,
+            "dead_letter_stage": self.dead_letter_stage,
+            "idempotency_key": self.idempotency_key,
+            "retry_delay_set": bool(self.retry_delay_set),
+            "now": self.now,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class NewPipeline:
     """`Backend.claim` chose a task of a pipeline the caller's limits were not read from (one
     created since): nothing was claimed; read the limits again and claim again."""
@@ -313,42 +352,20 @@ class Backend:
 
     # --- tasks ---------------------------------------------------------------------------------
 
-    def insert_task(
-        self,
-        *,
-        id: str,
-        pipeline_id: str,
-        stage: str,
-        title: str,
-        description: str,
-        priority: int,
-        metadata_json: str,
-        max_attempts: int | None,
-        retry_delay_ms: int,
-        dead_letter_stage: str | None,
-        idempotency_key: str | None,
-        retry_delay_set: bool,
-        now: int,
-    ) -> bool:
+    def insert_task(self, task: NewTask) -> bool:
         """Insert a task; False (nothing inserted) if the pipeline already has a task under
-        this idempotency key (a unique constraint: concurrent creates insert one)."""
-        params = {
-            "id": id,
-            "pipeline_id": pipeline_id,
-            "stage": stage,
-            "title": title,
-            "description": description,
-            "priority": priority,
-            "metadata_json": metadata_json,
-            "max_attempts": max_attempts,
-            "retry_delay_ms": retry_delay_ms,
-            "dead_letter_stage": dead_letter_stage,
-            "idempotency_key": idempotency_key,
-            "retry_delay_set": bool(retry_delay_set),
-            "now": now,
-        }
+        its idempotency key (a unique constraint: concurrent creates insert one)."""
         # ON CONFLICT DO NOTHING on idx_tasks_idempotency_key (pipeline_id, idempotency_key).
-        return self._exec("insert_task", params) > 0
+        return self._exec("insert_task", task.params()) > 0
+
+    def create_task(self, task: NewTask, wake_role: str | None) -> tuple[bool, bool]:
+        """Everything a unit of work that creates one task writes: insert_task, and where the
+        backend can, the wake-up of `wake_role` (the role of the task's stage, None for none)
+        sent with it when the task was inserted. (inserted, whether that wake-up was sent).
+        Composed here of insert_task alone, the wake-up left to the caller; PostgreSQL runs
+        one statement (create_task) which, first in its unit of work, is that unit's own
+        transaction: nothing may follow it."""
+        return self.insert_task(task), False
 
     def get_task(self, id: str) -> Task | None:
         row = self._one("get_task", {"id": id})

@@ -31,6 +31,7 @@ from nulltickets.storage.backend import (
     Failed,
     Moved,
     NewPipeline,
+    NewTask,
     QueueRow,
     StageBoardRow,
     StagePolicyRow,
@@ -72,6 +73,7 @@ _stage_counts = msgspec.json.Decoder(list[tuple[str, int]])
 # When one of them comes after another statement, it runs in that transaction, as any other.
 ALONE = frozenset(
     {
+        "create_task",
         "claim_task",
         "extend_held_lease",
         "insert_event_under_lease",
@@ -258,6 +260,17 @@ class PostgresBackend(Backend):
             self._exec("notify", {"payload": chunk})
 
     # --- the agent's cycle, each verb one statement (ALONE) ------------------------------------
+
+    def create_task(self, task: NewTask, wake_role: str | None) -> tuple[bool, bool]:
+        row = self._one("create_task", {**task.params(), "wake_role": wake_role})
+        assert row is not None  # counts: always one row
+        inserted, sent = int(row[0]) > 0, int(row[1]) > 0
+        if not inserted:
+            # The idempotency key is taken, or the request's key is gone: say which now, as
+            # the caller takes a task not inserted for the first.
+            self._wrote_nothing()
+            self._confirm_unconfirmed_key()
+        return inserted, sent
 
     def claim(
         self,

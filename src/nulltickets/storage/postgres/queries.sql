@@ -8,7 +8,7 @@
 -- JSONB columns are read back as their JSON text (::text), which is what the SQLite backend
 -- hands on; PostgreSQL writes that text in its own normal form (key order, spaces).
 -- Where a statement differs from its SQLite twin in more than dialect, its comment says why.
--- The statements of PostgresBackend.ALONE (claim_task, extend_held_lease,
+-- The statements of PostgresBackend.ALONE (create_task, claim_task, extend_held_lease,
 -- insert_event_under_lease, transition_run, checkpoint_run) each take :key_id, the API key the
 -- request is made with when it is still to be confirmed (Backend.confirm_key), else NULL: they
 -- change nothing unless that key exists, so that the key's check costs no round trip.
@@ -47,23 +47,49 @@ SELECT id, name, definition_json, created_at_ms
 FROM pipelines
 ORDER BY created_at_ms DESC, seq DESC;
 
--- insert_task --
--- Not one-to-one: a task whose idempotency key its pipeline already has is not inserted and no
--- row comes back (SQLite returns nothing either way). That is how two servers creating the
--- same task at once end with one task: the loser waits for the winner's commit, gets no row,
--- and answers with task_by_idempotency_key, without an error that would abort its transaction.
+-- fragment new_task --
+-- The task of insert_task and create_task: each adds its own conditions.
 INSERT INTO tasks (
     id, pipeline_id, stage, title, description, priority, metadata_json, task_version,
     next_eligible_at_ms, max_attempts, retry_delay_ms, dead_letter_stage, created_at_ms,
     updated_at_ms, idempotency_key, retry_delay_set
 )
-VALUES (
+SELECT
     :id, :pipeline_id, :stage, :title, :description, :priority, :metadata_json, 1,
     0, :max_attempts, :retry_delay_ms, :dead_letter_stage, :now,
     :now, :idempotency_key, :retry_delay_set
-)
+
+-- insert_task --
+-- Not one-to-one: a task whose idempotency key its pipeline already has is not inserted and no
+-- row comes back (SQLite returns nothing either way). That is how two servers creating the
+-- same task at once end with one task: the loser waits for the winner's commit, gets no row,
+-- and answers with task_by_idempotency_key, without an error that would abort its transaction.
+{new_task}
 ON CONFLICT (pipeline_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
+
+-- create_task --
+-- Backend.create_task in one statement (its own transaction when its unit of work starts with
+-- it: see PostgresBackend.ALONE): insert_task, and when the task was inserted and :wake_role
+-- is given, the wake-up of that role (notify's channel and line for a task claimable now by
+-- anyone). (inserted, wake-ups sent): (0, 0) when the idempotency key is taken, or the
+-- request's key (:key_id) is gone.
+WITH inserted AS (
+    {new_task}
+    WHERE {key_exists}
+    ON CONFLICT (pipeline_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT
+    (SELECT count(*) FROM inserted),
+    (
+        SELECT count(*)
+        FROM (
+            SELECT pg_notify('nulltickets_claimable', :wake_role::text || E'\t0')
+            FROM inserted
+            WHERE :wake_role::text IS NOT NULL
+        ) AS sent
+    );
 
 -- task_details --
 -- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
