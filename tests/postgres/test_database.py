@@ -509,9 +509,9 @@ def test_a_read_of_one_statement_runs_on_its_own_and_a_longer_kind_learns_its_sn
 def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
     open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GET /tasks/{id} (nullboiler's, every cycle), GET /health (a supervisor's probe) and GET
-    /ops/queue (a dashboard's): each reads the store in one statement, run with no
-    transaction around it, so each is one round trip; and each answers as before."""
+    """GET /tasks/{id} (nullboiler's, every cycle), GET /health (a supervisor's probe), GET
+    /ops/queue and a task's runs (a dashboard's): each reads the store in one statement, run
+    with no transaction around it, so each is one round trip; and each answers as before."""
     db = open_db(pg_empty_dsn)
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
@@ -531,6 +531,7 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
         ("get_task", lambda b: tracker.get_task(b, tasks[0]), "task_view"),
         ("health", lambda b: tracker.health(b, now), "health_counts"),
         ("queue_report", lambda b: tracker.queue_report(b, now, 60_000, 300_000), "queue_counts"),
+        ("runs", lambda b: tracker.list_task_runs(b, tasks[0], None, 10, False), "list_task_runs"),
     ]
     answers = {}
     for kind, job, statement in reads:
@@ -541,6 +542,8 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
     health = answers["health"]
     assert [(c.stage, c.count) for c in health.tasks_by_stage] == [("todo", 3)]
     assert health.active_leases == 1
+    (run,), _ = answers["runs"]
+    assert (run.task_id, run.attempt, run.status) == (tasks[0], 1, "running")
     roles = {q.role: q for q in answers["queue_report"].roles}
     assert (roles[role].claimable_count, roles[role].near_expiry_leases) == (2, 0)
 
