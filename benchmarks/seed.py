@@ -33,23 +33,7 @@ def seed_database(db: Path, *, done: int, waiting: int) -> str:
         # Through the Backend protocol (any backend), one prepared statement for every row.
         stages = ["done"] * done + ["todo"] * waiting
         for i, stage in enumerate(stages):
-            b.insert_task(
-                NewTask(
-                    id=str(uuid.uuid4()),
-                    pipeline_id=pipeline,
-                    stage=stage,
-                    title="seeded",
-                    description="",
-                    priority=0,
-                    metadata_json="{}",
-                    max_attempts=None,
-                    retry_delay_ms=0,
-                    dead_letter_stage=None,
-                    idempotency_key=None,
-                    retry_delay_set=False,
-                    now=start + i,
-                )
-            )
+            b.insert_task(NewTask(str(uuid.uuid4()), pipeline, stage, "seeded", start + i))
         return pipeline
 
     try:

@@ -59,6 +59,31 @@ def seed(db: PostgresDatabase, tracker: Tracker, role: str, n: int) -> list[str]
     return db.write_sync(job)
 
 
+def hearing(listener: PostgresDatabase) -> list[tuple[str, int]]:
+    """The wake-ups (role, at) `listener`'s notifier hears from now on, once it listens."""
+    heard: list[tuple[str, int]] = []
+    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    return heard
+
+
+def recorded_units(
+    db: PostgresDatabase,
+) -> tuple[list[PostgresBackend], Callable[[Callable[[PostgresBackend], Any]], Any]]:
+    """A runner of units of work on `db` (write_sync) and the list of their backends, to see
+    afterwards how each ran (committed_alone)."""
+    units: list[PostgresBackend] = []
+
+    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
+        def run(b: PostgresBackend) -> Any:
+            units.append(b)
+            return job(b)
+
+        return db.write_sync(run)
+
+    return units, unit
+
+
 def test_the_factory_opens_a_postgresql_url(pg_shared_dsn: str) -> None:
     db = factory.open_database(pg_shared_dsn)
     try:
@@ -144,9 +169,7 @@ def test_a_commit_on_one_database_wakes_the_subscribers_of_another(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:
     writer, listener = open_db(), open_db()
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     role = unique("coder")
     tracker = Tracker(writer.notifier, shared=True)
     seed(writer, tracker, role, 1)
@@ -157,9 +180,7 @@ def test_a_rolled_back_unit_of_work_notifies_nobody(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:
     writer, listener = open_db(), open_db()
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     gone, kept = unique("gone"), unique("kept")
 
     def fails(b: PostgresBackend) -> None:
@@ -325,21 +346,12 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     from nulltickets.domain.tokens import lease_token_hash
 
     db, listener = open_db(), open_db()
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
     seed(db, tracker, role, 3)
     now = wall_ms()
-    units: list[PostgresBackend] = []
-
-    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
-        def run(b: PostgresBackend) -> Any:
-            units.append(b)
-            return job(b)
-
-        return db.write_sync(run)
+    units, unit = recorded_units(db)
 
     # The first claim reads the role's limits and reaps expired leases first: then in a
     # transaction of several statements.
@@ -403,21 +415,12 @@ def test_a_task_created_on_its_own_is_one_statement_with_its_wake_up(
     from nulltickets.errors import Unauthorized
 
     db, listener = open_db(pg_empty_dsn), open_db(pg_empty_dsn)
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
     now = wall_ms()
     pid = db.write_sync(lambda b: tracker.create_pipeline(b, pipeline(role), now))
-    units: list[PostgresBackend] = []
-
-    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
-        def run(b: PostgresBackend) -> Any:
-            units.append(b)
-            return job(b)
-
-        return db.write_sync(run)
+    units, unit = recorded_units(db)
 
     def create(cmd: CreateTask, key_id: str | None = None) -> str:
         def job(b: PostgresBackend) -> str:
@@ -556,9 +559,7 @@ def test_the_reaper_ends_each_expired_lease_in_one_statement_with_its_wake_ups(
     wake-ups; when another server made a pipeline this process has not read, a lease goes
     step by step, and the pipelines read then let the rest go in one statement each."""
     db, listener = open_db(pg_empty_dsn), open_db(pg_empty_dsn)  # no other test's pipelines
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     tracker = Tracker(db.notifier, shared=True, rand=lambda: 0.5)
     role = unique("coder")
     tasks = seed(db, tracker, role, 3)
@@ -616,9 +617,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
     from nulltickets.errors import LeaseNotFound, LeaseSuperseded
 
     db, listener = open_db(), open_db()
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     tracker = Tracker(db.notifier, shared=True, rand=lambda: 0.5)
     role = unique("coder")
 
@@ -635,14 +634,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
 
     retried_id, dead_id, put_down_id = db.write_sync(job)
     now = wall_ms()
-    units: list[PostgresBackend] = []
-
-    def unit(job: Callable[[PostgresBackend], Any]) -> Any:
-        def run(b: PostgresBackend) -> Any:
-            units.append(b)
-            return job(b)
-
-        return db.write_sync(run)
+    units, unit = recorded_units(db)
 
     def claim(at: int) -> Any:
         got = unit(lambda b: tracker.claim(b, Claim("a", role), at))
@@ -767,9 +759,7 @@ def test_releasing_an_agent_is_one_statement_that_checks_the_key(
     from nulltickets.errors import Unauthorized
 
     db, listener = open_db(), open_db()
-    heard: list[tuple[str, int]] = []
-    listener.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
-    wait_for("the LISTEN connection", listener.notifier.connected.is_set)
+    heard = hearing(listener)
     tracker = Tracker(db.notifier, shared=True)
     role, agent = unique("coder"), unique("agent")
     now = wall_ms()

@@ -155,23 +155,8 @@ def test_concurrent_creates_under_one_task_key_make_one_task(
     def create(n: int) -> str:
         def job(b: Backend) -> str:
             task_id = f"task-{n}"
-            inserted = b.insert_task(
-                NewTask(
-                    id=task_id,
-                    pipeline_id=pipeline_id,
-                    stage="todo",
-                    title=f"from {n}",
-                    description="",
-                    priority=0,
-                    metadata_json="{}",
-                    max_attempts=None,
-                    retry_delay_ms=0,
-                    dead_letter_stage=None,
-                    idempotency_key="plan-1",
-                    retry_delay_set=False,
-                    now=NOW,
-                )
-            )
+            task = NewTask(task_id, pipeline_id, "todo", f"from {n}", NOW, idempotency_key="plan-1")
+            inserted = b.insert_task(task)
             found = task_id if inserted else b.task_by_idempotency_key(pipeline_id, "plan-1")
             assert found is not None
             return found

@@ -138,23 +138,8 @@ def test_an_idempotency_key_names_one_task_per_pipeline(database: Database) -> N
     task = database.write_sync(lambda b: make_task(b, first, idempotency_key="k"))
 
     def again(b: Backend, pipeline_id: str) -> bool:
-        return b.insert_task(
-            NewTask(
-                id="another",
-                pipeline_id=pipeline_id,
-                stage="todo",
-                title="t",
-                description="",
-                priority=0,
-                metadata_json="{}",
-                max_attempts=None,
-                retry_delay_ms=0,
-                dead_letter_stage=None,
-                idempotency_key="k",
-                retry_delay_set=False,
-                now=NOW,
-            )
-        )
+        task = NewTask("another", pipeline_id, "todo", "t", NOW, idempotency_key="k")
+        return b.insert_task(task)
 
     assert database.write_sync(lambda b: again(b, first)) is False  # the key is taken
     assert database.read_sync(lambda b: b.task_by_idempotency_key(first, "k")) == task

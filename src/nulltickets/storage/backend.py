@@ -154,21 +154,22 @@ _NO_RETRY_POLICY: tuple[int | None, float, int | None, float] = (None, 1.0, None
 class NewTask:
     """A task to insert (`Backend.insert_task`, `Backend.create_task`): in its pipeline's
     `stage`, at `now`; `idempotency_key` unique in its pipeline; `retry_delay_set` when the
-    retry delay was given rather than defaulted."""
+    retry delay was given rather than defaulted. The defaults are those of a task created
+    with nothing but a title."""
 
     id: str
     pipeline_id: str
     stage: str
     title: str
-    description: str
-    priority: int
-    metadata_json: str
-    max_attempts: int | None
-    retry_delay_ms: int
-    dead_letter_stage: str | None
-    idempotency_key: str | None
-    retry_delay_set: bool
     now: int
+    description: str = ""
+    priority: int = 0
+    metadata_json: str = "{}"
+    max_attempts: int | None = None
+    retry_delay_ms: int = 0
+    dead_letter_stage: str | None = None
+    idempotency_key: str | None = None
+    retry_delay_set: bool = False
 
     def params(self) -> dict[str, Any]:
         """The statement parameters of insert_task (and create_task)."""
