@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import claim, claimed, make_task, pipeline_with_roles, unique, wait_for
+from tests.conftest import (
+    claim,
+    claimed,
+    create_pipeline,
+    make_task,
+    pipeline_with_roles,
+    unique,
+    wait_for,
+)
 from tests.server import Client, Response, Server
 
 pytestmark = pytest.mark.e2e
@@ -420,3 +428,33 @@ def test_a_claim_held_back_by_its_per_state_limit_hands_the_task_to_one_without(
     lease = woken_by(plain, lambda: make_task(client, pipeline_id))
     assert lease["run"]["agent_id"] == "plain"
     assert limited.result(timeout=10)[0].status == 204
+
+
+def test_a_claim_held_back_by_its_per_state_limit_takes_the_task_once_the_slot_frees_elsewhere(
+    client: Client, shared_server: Server, pool: ThreadPoolExecutor
+) -> None:
+    """A per-state limit counts the stage's name in every pipeline: the slot frees when a
+    task of another pipeline and role leaves a stage of that name, which wakes nobody of this
+    role. A waiting claim so held back tries again by itself (each second) and takes its
+    task before its wait ends."""
+    stage, coder, other = unique("build"), unique("coder"), unique("other")
+
+    def pipeline(role: str) -> str:
+        return create_pipeline(
+            client,
+            {
+                "initial": stage,
+                "states": {stage: {"agent_role": role}, "done": {"terminal": True}},
+                "transitions": [{"from": stage, "to": "done", "trigger": "finish"}],
+            },
+        )
+
+    mine, theirs = pipeline(coder), pipeline(other)
+    make_task(client, theirs)
+    held = claimed(client, other, "holder")  # one task leased in a stage of that name
+    make_task(client, mine)
+    limited = long_poll(
+        pool, shared_server, coder, "limited", concurrency={"per_state": {stage: 1}}
+    )
+    lease = woken_by(limited, lambda: transition(client, held, "finish"))
+    assert lease["run"]["agent_id"] == "limited"

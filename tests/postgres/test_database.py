@@ -374,7 +374,13 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     moved = unit(lambda b: tracker.move(b, claim.run.id, token, MoveTask("submit"), now + 4))
     assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
     assert units[-1].committed_alone == "transition_run"
-    wait_for("the wake-up of the stage the task left", lambda: (role, 0) in heard)
+    # The stage it left caps nothing: no wake-up for its role (notifications arrive in the
+    # order of their commits, so the marker sent after it says none is coming).
+    marker = unique("marker")
+    db.write_sync(lambda b: db.notifier.notify(b, marker, 0))
+    wait_for("the marker", lambda: (marker, 0) in heard)
+    assert (role, 0) not in heard
+    assert ("reviewer", 0) in heard  # the new work in the stage it entered
     kinds = db.read_sync(lambda b: [e.kind for e in b.list_events(claim.run.id, 0, 10)])
     assert kinds == ["progress", "checkpoint", "transition"]
     data = db.read_sync(lambda b: bytes(b.list_events(claim.run.id, 0, 10)[2].data))
@@ -403,6 +409,41 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     with pytest.raises(LeaseNotFound):
         unit(lambda b: tracker.heartbeat(b, claim.lease_id, token, Heartbeat(), now + 6))
     assert units[-1].committed_alone is None
+
+
+def test_a_transition_out_of_a_capped_stage_wakes_its_role(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """A stage whose policy caps its leases (max_concurrency) announces the slot a transition
+    frees, in the transition's own statement."""
+    from nulltickets.domain.commands import MoveTask
+    from nulltickets.domain.tokens import lease_token_hash
+
+    db, listener = open_db(), open_db()
+    heard = hearing(listener)
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    states = {**PIPELINE["states"], "todo": {"agent_role": role, "max_concurrency": 2}}
+    definition = msgspec.json.encode({**PIPELINE, "states": states})
+    now = wall_ms()
+
+    def job(b: PostgresBackend) -> None:
+        pid = tracker.create_pipeline(
+            b, CreatePipeline(unique("pipe"), msgspec.Raw(definition)), now
+        )
+        for title in ("first", "second"):
+            tracker.add_task(b, CreateTask(pid, title, ""), now)
+
+    db.write_sync(job)
+    units, unit = recorded_units(db)
+    assert unit(lambda b: tracker.claim(b, Claim("warm", role), now))  # reads the role's limits
+    heard.clear()
+    claim = unit(lambda b: tracker.claim(b, Claim("a", role), now + 1))
+    assert claim is not None
+    token = lease_token_hash(claim.lease_token)
+    unit(lambda b: tracker.move(b, claim.run.id, token, MoveTask("submit"), now + 2))
+    assert units[-1].committed_alone == "transition_run"
+    wait_for("the wake-up of the capped stage the task left", lambda: (role, 0) in heard)
 
 
 def test_a_task_created_on_its_own_is_one_statement_with_its_wake_up(

@@ -11,7 +11,7 @@ import pytest
 
 from nulltickets.domain.ids import new_id
 from nulltickets.errors import StorageBusy, Unauthorized
-from nulltickets.storage.backend import Backend, Ended, Failed, NewPipeline, StagePolicyRow
+from nulltickets.storage.backend import Backend, Ended, Failed, Move, NewPipeline, StagePolicyRow
 from nulltickets.storage.backend import Claimed as WholeClaim
 from nulltickets.storage.ports import Database
 from tests.storage.ops import NOW, Claimed, claim, claimed, covers, make_pipeline, make_task
@@ -285,14 +285,14 @@ def test_a_whole_transition_needs_the_lease_and_a_move_for_the_tasks_stage(
     pipeline_id, task_id, _waiting = database.write_sync(job)
     got = database.write_sync(lambda b: claimed(b, ttl=1_000))
     data = '{"trigger":"ship","from":"todo","to":"review","instructions":""}'
-    moves = (("other", "todo", "done", "{}"), (pipeline_id, "todo", "review", data))
+    moves = (Move("other", "todo", "done", "{}"), Move(pipeline_id, "todo", "review", data))
 
     def move(
         token: bytes = got.token_hash,
         fence: int | None = None,
         stage: str | None = None,
         version: int | None = None,
-        moves: tuple[tuple[str, str, str, str], ...] = moves,
+        moves: tuple[Move, ...] = moves,
         now: int = NOW + 10,
     ) -> Any:
         return database.write_sync(
@@ -314,7 +314,8 @@ def test_a_whole_transition_needs_the_lease_and_a_move_for_the_tasks_stage(
     assert move(stage="review") is None
     assert move(version=2) is None
     assert (
-        move(moves=(("other", "todo", "done", "{}"), (pipeline_id, "review", "done", "{}"))) is None
+        move(moves=(Move("other", "todo", "done", "{}"), Move(pipeline_id, "review", "done", "{}")))
+        is None
     )
     lease = database.read_sync(lambda b: b.lease_by_run(got.run_id))
     assert lease is not None and lease.run_status == "running"  # nothing changed
@@ -892,7 +893,7 @@ def test_a_unit_of_work_for_a_key_that_is_gone_changes_nothing(database: Databas
     gone(lambda b: b.extend_held_lease(lease_id, token, None, 5_000, 9_000, NOW + 1))
     gone(lambda b: b.insert_event_under_lease(run_id, token, None, "k", "{}", NOW + 1))
     gone(lambda b: b.checkpoint_run(run_id, token, None, '{"a":1}', 9_000, NOW + 1))
-    move = (got.task.pipeline_id, "todo", "review", "{}")
+    move = Move(got.task.pipeline_id, "todo", "review", "{}")
     gone(
         lambda b: b.transition_run(
             run_id=run_id,

@@ -111,6 +111,47 @@ def test_a_woken_claim_that_finds_nothing_passes_on_to_another_kind_only() -> No
     run(scenario)
 
 
+def test_claims_held_back_by_their_own_limits_try_again_one_per_kind_uncounted() -> None:
+    """Freed capacity in a stage of the same name elsewhere is announced to nobody: while
+    claims of per-state limits wait, one of each kind tries again every recheck_s; a plain
+    claim is not woken by it, nor is the recheck counted as a notification."""
+
+    async def scenario() -> None:
+        hub = Wakeups(recheck_s=0.3)  # far beyond the steps between the checks below
+        plain = Waiter(hub, "p")
+        first = Waiter(hub, "a", kind=b'{"todo":1}')
+        second = Waiter(hub, "b", kind=b'{"todo":1}')
+        other = Waiter(hub, "c", kind=b'{"review":1}')
+        for _ in range(2_000):
+            if first.woken:
+                break
+            await asyncio.sleep(0.002)
+        assert first.woken and not plain.woken and not second.woken
+        first.poll.trying()
+        first.poll.tried(took=False)  # still held back: the next kind tries, not its own
+        await settle()
+        assert other.woken and not second.woken and not plain.woken
+        assert hub.woken == 0
+        first.poll.leave()
+        other.poll.leave()
+        hub.close()
+        await settle()
+        assert second.woken and plain.woken
+
+    run(scenario)
+
+
+def test_plain_claims_alone_are_never_rechecked() -> None:
+    async def scenario() -> None:
+        hub = Wakeups(recheck_s=0.001)
+        plain = Waiter(hub, "p")
+        await asyncio.sleep(0.05)
+        assert not plain.woken
+        hub.close()
+
+    run(scenario)
+
+
 def test_a_woken_claim_that_leaves_without_trying_hands_its_wake_up_on() -> None:
     async def scenario() -> None:
         hub = Wakeups()

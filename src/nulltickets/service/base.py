@@ -87,8 +87,9 @@ class TrackerBase:
         self._pipelines: dict[str, fsm.Pipeline | None] = {}
         self._transitions: dict[tuple[str, str], list[AvailableTransition]] = {}
         # Per trigger: how many pipelines had been read when its moves were found, and
-        # (pipeline, from stage, to stage, the transition's instructions) of each.
-        self._by_trigger: dict[str, tuple[int, list[tuple[str, str, str, str | None]]]] = {}
+        # (pipeline, from stage, to stage, the transition's instructions, whether the stage it
+        # leaves caps its leases) of each.
+        self._by_trigger: dict[str, tuple[int, list[tuple[str, str, str, str | None, bool]]]] = {}
         # What Leases._stage_policies sends with a failure: how many pipelines had been read,
         # those whose definition could not be parsed, and the others' stage retry policies.
         self._policies: tuple[int, list[str], list[StagePolicyRow]] | None = None

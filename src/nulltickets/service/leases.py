@@ -60,7 +60,14 @@ from nulltickets.service.base import (
     _page,
 )
 from nulltickets.service.verbs import LEASE_ERRORS, Guard, Tool, page, paging, said, verb
-from nulltickets.storage.backend import Backend, Claimed, Failed, NewPipeline, StagePolicyRow
+from nulltickets.storage.backend import (
+    Backend,
+    Claimed,
+    Failed,
+    Move,
+    NewPipeline,
+    StagePolicyRow,
+)
 
 # What Leases._moves keeps and sends: the triggers it knows the moves of, and the moves of
 # one trigger sent with a transition.
@@ -593,11 +600,8 @@ class Leases(TrackerBase):
             for dependent_pipeline, stage in b.dependent_stages(task_id):
                 self._signal(b, dependent_pipeline, stage)
 
-    def _moves(
-        self, trigger: str, instructions: str | None
-    ) -> list[tuple[str, str, str, str]] | None:
-        """Every move `trigger` makes in the pipelines this process has read, as
-        (pipeline, from stage, to stage, the transition event's data): what
+    def _moves(self, trigger: str, instructions: str | None) -> list[Move] | None:
+        """Every move `trigger` makes in the pipelines this process has read: what
         Backend.transition_run chooses from. None when there is none (or too many to send):
         the transition then goes step by step, reading the pipeline it needs."""
         pipelines = self._pipelines
@@ -612,7 +616,10 @@ class Leases(TrackerBase):
                         t.trigger == trigger
                         and pipeline.find_transition(t.from_stage, trigger) is t
                     ):
-                        found.append((pipeline_id, t.from_stage, t.to_stage, t.instructions))
+                        capped = pipeline.policy(t.from_stage).max_concurrency is not None
+                        found.append(
+                            (pipeline_id, t.from_stage, t.to_stage, t.instructions, capped)
+                        )
             if len(self._by_trigger) >= MAX_TRIGGERS:  # triggers come from requests
                 self._by_trigger.clear()
             known = self._by_trigger[trigger] = (len(pipelines), found)
@@ -620,7 +627,7 @@ class Leases(TrackerBase):
         if not moves or len(moves) > MAX_MOVES:
             return None
         return [
-            (
+            Move(
                 pipeline_id,
                 from_stage,
                 to_stage,
@@ -630,8 +637,9 @@ class Leases(TrackerBase):
                     to_stage,
                     instructions if instructions is not None else default,
                 ),
+                capped,
             )
-            for pipeline_id, from_stage, to_stage, default in moves
+            for pipeline_id, from_stage, to_stage, default, capped in moves
         ]
 
     @verb(

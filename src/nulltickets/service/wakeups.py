@@ -13,6 +13,12 @@ A claim remembers its role's generation before each attempt, and a notification 
 so one that arrives between an attempt and the wait is never lost: the claim tries again at
 once instead of waiting. Waiting costs a future and a timer: no queries, no polling.
 
+A claim held back only by its own per-state limits waits for a lease to end in a stage of that
+name, in any pipeline and of any role, which no notification of its role need announce (on
+PostgreSQL a transition announces freed capacity only for a stage whose policy caps it): while
+such claims wait, each kind of them of a role tries again every `recheck_s` (one attempt per
+kind, not per claim).
+
 `limit` bounds the long-polls in progress, waiting or trying (the server sets it from what
 the process can hold, server/launch.py); beyond it `enter` refuses, and the handler answers at once.
 """
@@ -26,17 +32,20 @@ from typing import Any
 from nulltickets.domain.clock import Clock, wall_ms
 from nulltickets.storage.ports import EVERY_ROLE
 
+RECHECK_S = 1.0  # how often claims held back by their own per-state limits try again
+
 
 class _Wake:
     """One notification on its way from waiter to waiter: the generation it made, the agent it
-    is for (None: any agent of the role) and the kinds of claim that tried it and found
-    nothing."""
+    is for (None: any agent of the role), the kinds of claim that tried it and found nothing,
+    and whether it is a notification (counted in /metrics) rather than a recheck."""
 
-    __slots__ = ("agent", "generation", "tried")
+    __slots__ = ("agent", "generation", "notified", "tried")
 
-    def __init__(self, generation: int, agent: str | None) -> None:
+    def __init__(self, generation: int, agent: str | None, *, notified: bool = True) -> None:
         self.generation = generation
         self.agent = agent
+        self.notified = notified
         self.tried: set[bytes] = set()
 
 
@@ -101,8 +110,13 @@ class Poll:
 
 
 class Wakeups:
-    def __init__(self, clock: Clock = wall_ms, limit: int | None = None) -> None:
+    def __init__(
+        self, clock: Clock = wall_ms, limit: int | None = None, recheck_s: float = RECHECK_S
+    ) -> None:
         self._clock = clock
+        self._recheck_s = recheck_s
+        # Per role with claims of per-state limits parked: the timer of their next attempt.
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self._generation: dict[str, int] = defaultdict(int)
         # Per role, the parked claims in the order they parked (a dict as an ordered set), the
         # count of each kind among them, and per (role, agent) the parked claims of that agent.
@@ -219,7 +233,7 @@ class Wakeups:
             return False
         self.unpark(poll)
         poll.wake = wake
-        if count:
+        if count and (wake is None or wake.notified):
             self.woken += 1
         future.set_result(None)
         return True
@@ -234,6 +248,25 @@ class Wakeups:
             kinds = self._kinds[role] = Counter()
         kinds[poll.kind] += 1
         self._agents.setdefault((role, poll.agent), {})[poll] = None
+        if poll.kind and role not in self._rechecks and not self.closing:
+            self._recheck_later(role)
+
+    def _recheck_later(self, role: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._rechecks[role] = loop.call_later(self._recheck_s, self._recheck, role)
+
+    def _recheck(self, role: str) -> None:
+        """A wake-up for the role's claims of per-state limits (a claim without any is held
+        back by none of them), while any is parked."""
+        self._rechecks.pop(role, None)
+        kinds = self._kinds.get(role)
+        if self.closing or not kinds or not any(kinds):
+            return
+        self._generation[role] += 1
+        wake = _Wake(self._generation[role], None, notified=False)
+        wake.tried.add(b"")
+        self.hand(role, wake)
+        self._recheck_later(role)
 
     def unpark(self, poll: Poll) -> None:
         role = poll.role
@@ -261,6 +294,9 @@ class Wakeups:
         for timer, _count in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for handle in self._rechecks.values():
+            handle.cancel()
+        self._rechecks.clear()
         for role in list(self._parked):
             for poll in list(self._parked.get(role, ())):
                 self._give(poll, None, count=False)

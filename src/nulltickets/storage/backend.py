@@ -20,7 +20,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeGuard
+from typing import Any, ClassVar, NamedTuple, TypeGuard
 
 import msgspec
 from msgspec import Raw
@@ -82,6 +82,20 @@ class Claimed:
     expires_at_ms: int
     ttl_ms: int
     previous_failures: list[Failure]
+
+
+class Move(NamedTuple):
+    """A move `Backend.transition_run` may make: a task of `pipeline_id` in `from_stage` goes
+    to `to_stage`, its `transition` event carrying `data_json`. `frees_capacity`: the stage it
+    leaves caps its leases (a policy's `max_concurrency`), so leaving it wakes a claim of the
+    stage's role that the cap held back. A claim held back by its own per-state limits does
+    not wait for that wake-up: its server tries it again each second (service/wakeups.py)."""
+
+    pipeline_id: str
+    from_stage: str
+    to_stage: str
+    data_json: str
+    frees_capacity: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,14 +733,14 @@ class Backend:
         fence: int | None,
         expected_stage: str | None,
         expected_task_version: int | None,
-        moves: Sequence[tuple[str, str, str, str]],
+        moves: Sequence[Move],
         usage_json: str,
         now: int,
     ) -> Moved | None:
         """A transition in one go: when run `run_id` is running under a live lease held with
         `token_hash` (with `fence`, when given), its task is in `expected_stage` at
-        `expected_task_version` (each when given), and `moves` holds a (pipeline, from stage,
-        to stage, event data JSON) for the task's pipeline and stage: complete the run with
+        `expected_task_version` (each when given), and `moves` holds a Move for the task's
+        pipeline and stage: complete the run with
         `usage_json`, move the task to that stage (its version raised), delete the lease and
         record the `transition` event with that data. None when any of that is not so, and
         nothing was changed (the caller finds out why). Composed here of the statements it
@@ -746,7 +760,7 @@ class Backend:
         found = [m for m in moves if m[0] == lease.pipeline_id and m[1] == lease.stage]
         if not found:
             return None
-        _, from_stage, to_stage, data_json = found[0]
+        from_stage, to_stage, data_json = found[0].from_stage, found[0].to_stage, found[0].data_json
         # The lease is held and its run is running in this unit of work: neither can fail.
         if not self.end_run(run_id, "completed", usage_json, None, now):
             raise StorageBusy("the run ended at the same moment")

@@ -29,6 +29,7 @@ from nulltickets.storage.backend import (
     Claimed,
     Ended,
     Failed,
+    Move,
     Moved,
     NewPipeline,
     NewTask,
@@ -327,7 +328,7 @@ class PostgresBackend(Backend):
         fence: int | None,
         expected_stage: str | None,
         expected_task_version: int | None,
-        moves: Sequence[tuple[str, str, str, str]],
+        moves: Sequence[Move],
         usage_json: str,
         now: int,
     ) -> Moved | None:

@@ -557,13 +557,14 @@ RETURNING expires_at_ms;
 -- the lease of lock_lease_by_run (task and lease locked, task first), only if it is held with
 -- :token_hash, live, with :fence and :expected_stage and :expected_task_version when given,
 -- and its run running; the move :moves gives its (pipeline, stage), an array of
--- [pipeline_id, from_stage, to_stage, event data]; then end_run, move_task, delete_lease and
--- insert_event of the transition, each on what the one before it changed (none can miss under
--- those locks: nothing ends a run or moves a task without its task's lock), and the wake-ups of
--- notify (the same channel and lines): the roles of the old stage (capacity freed), the new
--- one (new work), and, when the new one is terminal, the stages of the tasks that depend on
--- it; a payload too long for pg_notify wakes every role ("*"). No row: nothing was changed
--- (the caller finds out why).
+-- [pipeline_id, from_stage, to_stage, event data, frees_capacity]; then end_run, move_task,
+-- delete_lease and insert_event of the transition, each on what the one before it changed (none
+-- can miss under those locks: nothing ends a run or moves a task without its task's lock), and
+-- the wake-ups of notify (the same channel and lines): the role of the old stage when its policy
+-- caps its leases (capacity freed; a NOTIFY serialises the commits that send one, so none is
+-- sent that nobody waits for), the new one (new work), and, when the new one is terminal, the
+-- stages of the tasks that depend on it; a payload too long for pg_notify wakes every role
+-- ("*"). No row: nothing was changed (the caller finds out why).
 WITH held AS (
     SELECT l.id, l.run_id, r.task_id, t.stage, t.task_version, t.pipeline_id
     {held_lease}
@@ -577,7 +578,8 @@ WITH held AS (
 chosen AS (
     SELECT
         h.id, h.run_id, h.task_id, h.stage, h.task_version, h.pipeline_id,
-        m.v ->> 2 AS to_stage, m.v ->> 3 AS data_json
+        m.v ->> 2 AS to_stage, m.v ->> 3 AS data_json,
+        coalesce((m.v ->> 4)::boolean, false) AS frees_capacity
     FROM held AS h
     CROSS JOIN LATERAL (
         SELECT e.v
@@ -608,7 +610,9 @@ moved AS (
     RETURNING t.id
 ),
 done AS (
-    SELECT c.id, c.run_id, c.task_id, c.stage, c.pipeline_id, c.to_stage, c.data_json
+    SELECT
+        c.id, c.run_id, c.task_id, c.stage, c.pipeline_id, c.to_stage, c.data_json,
+        c.frees_capacity
     FROM chosen AS c
     JOIN moved AS d ON d.id = c.task_id
 ),
@@ -627,7 +631,7 @@ recorded AS (
 woken AS (
     SELECT s.agent_role AS role, count(*) AS n
     FROM (
-        SELECT d.pipeline_id, d.stage FROM done AS d
+        SELECT d.pipeline_id, d.stage FROM done AS d WHERE d.frees_capacity
         UNION ALL
         SELECT d.pipeline_id, d.to_stage FROM done AS d
         UNION ALL
