@@ -411,6 +411,98 @@ def test_each_verb_of_the_agent_cycle_is_one_statement_that_commits_itself(
     assert units[-1].committed_alone is None
 
 
+def round_trips(trace: str) -> list[str]:
+    """The messages after which the client waited for PostgreSQL, from a libpq trace: a
+    simple query (its text's first word) or the Sync that ends an extended one."""
+    sent = []
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) > 3 and fields[1] == "F" and fields[3].startswith(("Query", "Sync")):
+            sent.append(fields[3])
+    return sent
+
+
+def test_a_request_under_an_idempotency_key_takes_three_round_trips_after_begin(
+    open_db: Callable[..., PostgresDatabase], tmp_path: Any
+) -> None:
+    """An idempotent transition made with an API key: BEGIN; the key's check, the key's lock
+    and the read of its record in one message; the transition; the answer recorded and the
+    COMMIT in one message. Its replay finds the record; a revoked key writes nothing."""
+    from nulltickets.domain.commands import MoveTask
+    from nulltickets.domain.tokens import lease_token_hash
+    from nulltickets.errors import Unauthorized
+
+    db = open_db()
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    seed(db, tracker, role, 2)
+    now = wall_ms()
+    key_id = f"key-{role}"
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=key_id, key_hash=role.encode(), name=role, access="agent", roles=[], now=now
+        )
+    )
+    assert db.write_sync(lambda b: tracker.claim(b, Claim("warm", role), now))
+    claim = db.write_sync(lambda b: tracker.claim(b, Claim("a", role), now + 1))
+    token = lease_token_hash(claim.lease_token)
+    key = ("k-" + role, "POST", f"/runs/{claim.run.id}/transition")
+    trace = tmp_path / "trace"
+
+    def idempotent(b: PostgresBackend) -> Any:
+        b.confirm_key(key_id)
+        found = b.get_idempotency(*key)
+        if found is not None:
+            return found
+        moved = tracker.move(b, claim.run.id, token, MoveTask("submit"), now + 2)
+        b.put_idempotency(
+            key=key[0],
+            method=key[1],
+            path=key[2],
+            request_hash=b"h" * 32,
+            auth_hash=token,
+            status=200,
+            body='{"moved":1}',
+            now=now + 2,
+        )
+        return moved
+
+    def traced(job: Callable[[PostgresBackend], Any]) -> tuple[Any, list[str]]:
+        conns = []
+        with open(trace, "w") as out:
+
+            def run(b: PostgresBackend) -> Any:
+                conns.append(b.conn)
+                b.conn.pgconn.trace(out.fileno())
+                return job(b)
+
+            try:
+                result = db.write_sync(run)
+            finally:
+                conns[0].pgconn.untrace()
+        return result, round_trips(trace.read_text())
+
+    moved, sent = traced(idempotent)
+    assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
+    assert sent == ["Query", "Query", "Sync", "Query"], sent  # BEGIN, script, move, COMMIT
+    assert "COMMIT" in trace.read_text().split("Sync")[-1]
+    replayed, sent = traced(idempotent)
+    assert replayed == (b"h" * 32, token, 200, '{"moved":1}')
+    assert sent == ["Query", "Query", "Query"], sent  # BEGIN, script, COMMIT
+    lease = db.read_sync(lambda b: b.lease_by_run(claim.run.id))
+    assert lease is None  # moved once
+    db.write_sync(lambda b: b.delete_api_key(key_id))
+    other = ("k2-" + role, "POST", "/x")
+
+    def revoked(b: PostgresBackend) -> Any:
+        b.confirm_key(key_id)
+        b.get_idempotency(*other)
+
+    with pytest.raises(Unauthorized):
+        db.write_sync(revoked)
+    assert db.read_sync(lambda b: b.get_idempotency(*other)) is None
+
+
 def test_a_transition_out_of_a_capped_stage_wakes_its_role(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:

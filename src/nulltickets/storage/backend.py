@@ -311,6 +311,11 @@ class Backend:
         """Run INSERT `name`; the id of the row it made."""
         raise NotImplementedError
 
+    def _later(self, name: str, params: dict[str, Any]) -> None:
+        """Statement `name`, whose result nothing reads, as the last of its unit of work: run
+        here at once; a backend may send it with the unit's COMMIT (PostgreSQL)."""
+        self._exec(name, params)
+
     def _search_text(self, terms: Sequence[str]) -> str:
         """The user's terms as this backend's full-text query, where no term is an operator."""
         raise NotImplementedError
@@ -1463,7 +1468,7 @@ class Backend:
             "body": body,
             "now": now,
         }
-        self._exec("put_idempotency", params)
+        self._later("put_idempotency", params)
 
     def purge_idempotency(self, before: int) -> int:
         return self._exec("purge_idempotency", {"before": before})

@@ -133,6 +133,9 @@ class PostgresBackend(Backend):
         self.committed_alone: str | None = None
         # The key this unit of work acts for, until a statement confirmed it (confirm_key).
         self.unconfirmed_key: str | None = None
+        # Statements nothing reads the result of (the answer recorded under the request's
+        # Idempotency-Key, the wake-ups), sent with the unit's COMMIT (commit_script).
+        self.with_commit: list[tuple[str, dict[str, Any]]] = []
 
     def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any] | GreenCursor:
         sql: LiteralString = Q[name]
@@ -197,6 +200,43 @@ class PostgresBackend(Backend):
     def _exec(self, name: str, params: dict[str, Any]) -> int:
         return self._cur(name, params).rowcount
 
+    def _later(self, name: str, params: dict[str, Any]) -> None:
+        if not self.writing:
+            self._exec(name, params)
+            return
+        if self.committed_alone is not None:
+            raise RuntimeError(
+                f"{name} after {self.committed_alone}, which was its unit of work and committed"
+            )
+        self.with_commit.append((name, params))
+
+    def _script(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> Any:
+        """Statements of queries.sql sent as one message, in order, each with its own snapshot
+        (the simple query protocol: one round trip), their parameters bound by the driver; the
+        cursor is on the first one's result, `nextset` moves to the next."""
+        conn = self.conn
+        if isinstance(conn, GreenConnection):
+            mogrify = conn.mogrify
+        else:
+            mogrify = psycopg.ClientCursor(conn).mogrify
+        text = ";\n".join(mogrify(Q[name], params) for name, params in statements)
+        return conn.execute(text, prepare=False)
+
+    def commit_script(self) -> str | None:
+        """The statements to send with the COMMIT, then COMMIT, as one message (the
+        transaction ends with it, or with the first of them that fails); None when there are
+        none."""
+        if not self.with_commit:
+            return None
+        conn = self.conn
+        if isinstance(conn, GreenConnection):
+            mogrify = conn.mogrify
+        else:
+            mogrify = psycopg.ClientCursor(conn).mogrify
+        parts = [mogrify(Q[name], params) for name, params in self.with_commit]
+        self.with_commit.clear()
+        return ";\n".join([*parts, "COMMIT"])
+
     def _insert(self, name: str, params: dict[str, Any]) -> int:
         return int(self._value(name, params))
 
@@ -233,7 +273,7 @@ class PostgresBackend(Backend):
         (the agent as a JSON string); notifier.parse_payload reads them. One more
         per revoked key."""
         for key_id in dict.fromkeys(self.revoked):
-            self._exec("notify_key_revoked", {"key_id": key_id})
+            self._later("notify_key_revoked", {"key_id": key_id})
         self.revoked.clear()
         if not self.notifications:
             return
@@ -258,7 +298,7 @@ class PostgresBackend(Backend):
             payload = payload[cut + 1 :]
         chunks.append(payload)
         for chunk in chunks:
-            self._exec("notify", {"payload": chunk})
+            self._later("notify", {"payload": chunk})
 
     # --- the agent's cycle, each verb one statement (ALONE) ------------------------------------
 
@@ -533,9 +573,21 @@ class PostgresBackend(Backend):
     ) -> tuple[bytes, bytes | None, int, str] | None:
         # Concurrent requests under one key, on any server, run one after the other from here:
         # a later one finds the first one's stored answer (read committed sees it once that
-        # transaction committed) instead of doing the work again.
-        self._exec("lock_idempotency_key", {"key": key, "method": method, "path": path})
-        found = super().get_idempotency(key, method, path)
+        # transaction committed) instead of doing the work again. The lock, then the read (its
+        # snapshot taken once the lock is held), and first the check of the request's API key
+        # when it has one, go as one message.
+        params = {"key": key, "method": method, "path": path}
+        statements = [("lock_idempotency_key", params), ("get_idempotency", params)]
+        key_id, self.unconfirmed_key = self.unconfirmed_key, None
+        if key_id is not None:
+            statements.insert(0, ("api_key_by_id", {"id": key_id}))
+        cur = self._script(statements)
+        if key_id is not None:
+            if cur.fetchone() is None:
+                raise Unauthorized("the key was revoked")
+            cur.nextset()
+        cur.nextset()
+        found = cur.fetchone()
         if found is None:
             return None
         request_hash, auth, status, body = found

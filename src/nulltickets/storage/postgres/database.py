@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
 from nulltickets.domain.stats import COMMIT_SECONDS, Histogram
 from nulltickets.errors import (
@@ -58,6 +59,7 @@ from nulltickets.storage.postgres.pool import LoopPool
 log = logging.getLogger("nulltickets.storage")
 
 T = TypeVar("T")
+IDLE = TransactionStatus.IDLE
 
 
 CAPABILITIES = Capabilities(
@@ -283,17 +285,20 @@ class PostgresDatabase:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 async with pool.connection() as conn:
+                    backend = PostgresBackend(GreenConnection(conn), writing=True)
                     try:
-                        result: T = await green.run(
-                            _unit, job, PostgresBackend(GreenConnection(conn), writing=True)
-                        )
+                        result: T = await green.run(_unit, job, backend)
+                        tail = backend.commit_script()
+                        committing = True
+                        started = time.perf_counter()
+                        if tail is None:
+                            await conn.commit()
+                        else:  # what goes with the COMMIT, and the COMMIT: one round trip
+                            await conn.execute(tail, prepare=False)
                     except BaseException:
-                        if not conn.broken:
+                        if not conn.broken and conn.info.transaction_status != IDLE:
                             await conn.rollback()
                         raise
-                    committing = True
-                    started = time.perf_counter()
-                    await conn.commit()
                     self.commit_durations.observe(time.perf_counter() - started)
                 self._notifier.committed()
                 return result
@@ -358,15 +363,20 @@ class PostgresDatabase:
             conn: psycopg.Connection[Any] | None = None
             try:
                 with pool.connection() as conn:
+                    backend = PostgresBackend(conn, writing=True)
                     try:
-                        result = _unit(job, PostgresBackend(conn, writing=True))
+                        result = _unit(job, backend)
+                        tail = backend.commit_script()
+                        committing = True
+                        started = time.perf_counter()
+                        if tail is None:
+                            conn.commit()
+                        else:
+                            conn.execute(tail, prepare=False)
                     except BaseException:
-                        if not conn.broken:
+                        if not conn.broken and conn.info.transaction_status != IDLE:
                             conn.rollback()
                         raise
-                    committing = True
-                    started = time.perf_counter()
-                    conn.commit()
                     self.commit_durations.observe(time.perf_counter() - started)
                 self._notifier.committed()
                 return result
@@ -464,8 +474,8 @@ class _Tries:
 
 
 def _unit(job: Callable[[PostgresBackend], T], backend: PostgresBackend) -> T:
-    """A unit of work that writes, with its wake-ups sent last (PostgreSQL delivers them at its
-    COMMIT, and not at all after a rollback)."""
+    """A unit of work that writes, with its wake-ups last: sent with its COMMIT
+    (PostgresBackend.commit_script), which delivers them, and not at all after a rollback."""
     result = job(backend)
     backend.send_notifications()
     return result

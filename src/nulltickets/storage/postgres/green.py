@@ -72,6 +72,9 @@ class GreenCursor:
     def fetchall(self) -> list[Any]:
         return wait(self._cur.fetchall())
 
+    def nextset(self) -> bool | None:
+        return self._cur.nextset()
+
 
 class GreenConnection:
     """What a PostgresBackend uses of a connection, over psycopg's AsyncConnection."""
@@ -98,5 +101,11 @@ class GreenConnection:
         if self._conn.autocommit != value:
             wait(self._conn.set_autocommit(value))
 
-    def execute(self, query: Any, params: Any = None) -> GreenCursor:
-        return GreenCursor(wait(self._conn.execute(query, params)))
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None
+    ) -> GreenCursor:
+        return GreenCursor(wait(self._conn.execute(query, params, prepare=prepare)))
+
+    def mogrify(self, query: Any, params: Any) -> str:
+        """`query` with `params` bound by the driver (no I/O): see PostgresBackend._script."""
+        return psycopg.AsyncClientCursor(self._conn).mogrify(query, params)
