@@ -214,13 +214,16 @@ class PostgresBackend(Backend):
         """Statements of queries.sql sent as one message, in order, each with its own snapshot
         (the simple query protocol: one round trip), their parameters bound by the driver; the
         cursor is on the first one's result, `nextset` moves to the next."""
+        return self.conn.execute(self._text(statements), prepare=False)
+
+    def _text(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> str:
+        """The statements with their parameters bound by the driver, as one text."""
         conn = self.conn
         if isinstance(conn, GreenConnection):
             mogrify = conn.mogrify
         else:
             mogrify = psycopg.ClientCursor(conn).mogrify
-        text = ";\n".join(mogrify(Q[name], params) for name, params in statements)
-        return conn.execute(text, prepare=False)
+        return ";\n".join(mogrify(Q[name], params) for name, params in statements)
 
     def commit_script(self) -> str | None:
         """The statements to send with the COMMIT, then COMMIT, as one message (the
@@ -228,14 +231,9 @@ class PostgresBackend(Backend):
         none."""
         if not self.with_commit:
             return None
-        conn = self.conn
-        if isinstance(conn, GreenConnection):
-            mogrify = conn.mogrify
-        else:
-            mogrify = psycopg.ClientCursor(conn).mogrify
-        parts = [mogrify(Q[name], params) for name, params in self.with_commit]
+        text = self._text(self.with_commit)
         self.with_commit.clear()
-        return ";\n".join([*parts, "COMMIT"])
+        return text + ";\nCOMMIT"
 
     def _insert(self, name: str, params: dict[str, Any]) -> int:
         return int(self._value(name, params))
