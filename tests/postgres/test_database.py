@@ -646,7 +646,7 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
     open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GET /tasks/{id} (nullboiler's, every cycle), GET /health (a supervisor's probe), GET
-    /ops/queue and a task's runs (a dashboard's): each reads the store in one statement, run
+    /ops/queue and a task's runs (a dashboard's), a task's checkpoint: each reads the store in one statement, run
     with no transaction around it, so each is one round trip; and each answers as before."""
     db = open_db(pg_empty_dsn)
     tracker = Tracker(db.notifier, shared=True)
@@ -668,6 +668,7 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
         ("health", lambda b: tracker.health(b, now), "health_counts"),
         ("queue_report", lambda b: tracker.queue_report(b, now, 60_000, 300_000), "queue_counts"),
         ("runs", lambda b: tracker.list_task_runs(b, tasks[0], None, 10, False), "list_task_runs"),
+        ("checkpoint", lambda b: tracker.get_checkpoint(b, tasks[0]), "task_checkpoint"),
     ]
     answers = {}
     for kind, job, statement in reads:
@@ -680,6 +681,12 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
     assert health.active_leases == 1
     (run,), _ = answers["runs"]
     assert (run.task_id, run.attempt, run.status) == (tasks[0], 1, "running")
+    checkpoint = answers["checkpoint"]
+    assert (bytes(checkpoint.checkpoint), checkpoint.fence, checkpoint.previous_failures) == (
+        b"null",
+        1,
+        [],
+    )
     roles = {q.role: q for q in answers["queue_report"].roles}
     assert (roles[role].claimable_count, roles[role].near_expiry_leases) == (2, 0)
 

@@ -32,6 +32,7 @@ POSTGRES_ONLY = {
     "lock_lease_by_id": "lease_by_id in a write (the same)",
     "task_view": "Backend.task_view, GET /tasks/{id}'s reads, in one statement (one round trip)",
     "health_counts": "Backend.health_counts, GET /health's reads, in one statement",
+    "task_checkpoint": "Backend.task_checkpoint, GET /tasks/{id}/checkpoint's, in one statement",
     "queue_counts": "Backend.queue_counts, GET /ops/queue's reads, in one statement",
     "create_task": "Backend.create_task: POST /tasks in one statement, its wake-up with it",
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",

@@ -687,6 +687,36 @@ def test_an_expiry_in_one_go_needs_the_lease_past_its_time_and_counts_as_a_failu
     assert [e[0] for e in events_of(database, got.run_id)] == ["lease_expired", "dead_letter"]
 
 
+@covers("Backend.task_checkpoint")
+def test_a_tasks_checkpoint_is_what_its_parts_read_one_by_one(database: Database) -> None:
+    """Backend.task_checkpoint, GET /tasks/{id}/checkpoint's reads, which PostgreSQL runs as
+    one statement: task_resume and previous_failures, before and after a checkpoint and two
+    failures; None for no task."""
+
+    def job(b: Backend) -> tuple[str, str]:
+        pipeline_id = make_pipeline(b)
+        return pipeline_id, make_task(b, pipeline_id, max_attempts=9)
+
+    pipeline_id, task_id = database.write_sync(job)
+
+    def parts(b: Backend) -> Any:
+        resume = b.task_resume(task_id)
+        assert resume is not None
+        return (*resume, b.previous_failures(task_id))
+
+    assert database.read_sync(lambda b: b.task_checkpoint(task_id)) == (None, 0, [])
+    stages = stage_policies(pipeline_id, delay=None)
+    for attempt in range(2):
+        got = database.write_sync(lambda b, at=NOW + 10 * attempt: claimed(b, now=at))
+        assert fail(database, got, policies=stages, now=NOW + 10 * attempt + 5) is not None
+    database.write_sync(lambda b: b.merge_checkpoint(task_id, '{"step": 2}'))
+    found = database.read_sync(lambda b: b.task_checkpoint(task_id))
+    assert found == database.read_sync(parts)
+    assert found is not None and found[:2] == ('{"step":2}', 2)
+    assert [f.attempt for f in found[2]] == [2, 1]
+    assert database.read_sync(lambda b: b.task_checkpoint("nope")) is None
+
+
 @covers("Backend.task_view")
 def test_a_task_view_is_what_its_parts_read_one_by_one(database: Database) -> None:
     """Backend.task_view, GET /tasks/{id}'s reads, which PostgreSQL runs as one statement:

@@ -242,14 +242,6 @@ class Tasks(TrackerBase):
             )
         return details
 
-    @staticmethod
-    def _resume(b: Backend, task_id: str) -> tuple[msgspec.Raw, int]:
-        row = b.task_resume(task_id)
-        if row is None:
-            return msgspec.Raw(b"null"), 0
-        checkpoint, fence = row
-        return msgspec.Raw(checkpoint if checkpoint is not None else "null"), fence
-
     @verb(
         "GET",
         "/tasks/{id}/checkpoint",
@@ -260,10 +252,12 @@ class Tasks(TrackerBase):
         tag="tasks",
     )
     def get_checkpoint(self, b: Backend, task_id: str) -> TaskCheckpoint:
-        if not b.task_exists(task_id):
+        found = b.task_checkpoint(task_id)
+        if found is None:
             raise TaskNotFound()
-        checkpoint, fence = self._resume(b, task_id)
-        return TaskCheckpoint(task_id, checkpoint, fence, b.previous_failures(task_id))
+        checkpoint, fence, failures = found
+        raw = msgspec.Raw(checkpoint if checkpoint is not None else "null")
+        return TaskCheckpoint(task_id, raw, fence, failures)
 
     @verb(
         "GET",

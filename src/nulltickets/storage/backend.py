@@ -472,6 +472,16 @@ class Backend:
         row = self._one("task_resume", {"id": id})
         return None if row is None else (row[0], row[1])
 
+    def task_checkpoint(self, id: str) -> tuple[str | None, int, list[Failure]] | None:
+        """What GET /tasks/{id}/checkpoint reads, in one snapshot: (checkpoint JSON or None,
+        fence) as task_resume, and previous_failures; None when there is no such task.
+        Composed here of the statements it names; a backend may run it as one statement
+        (PostgreSQL: task_checkpoint)."""
+        resume = self.task_resume(id)
+        if resume is None:
+            return None
+        return resume[0], resume[1], self.previous_failures(id)
+
     def list_task_runs(self, task_id: str, after: int, limit: int) -> list[TaskRun]:
         """The task's runs after attempt `after`, oldest first."""
         rows = self._all("list_task_runs", {"task_id": task_id, "after": after, "limit": limit})

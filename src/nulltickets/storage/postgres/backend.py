@@ -543,6 +543,13 @@ class PostgresBackend(Backend):
             [Failure(*f) for f in failures],
         )
 
+    def task_checkpoint(self, id: str) -> tuple[str | None, int, list[Failure]] | None:
+        row = self._one("task_checkpoint", {"id": id})
+        if row is None:
+            return None
+        failures = _failures.decode(row[2]) if row[2] else []
+        return compact(row[0]), row[1], [Failure(*f) for f in failures]
+
     def task_resume(self, id: str) -> tuple[str | None, int] | None:
         resume = super().task_resume(id)
         return None if resume is None else (compact(resume[0]), resume[1])

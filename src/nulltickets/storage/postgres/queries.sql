@@ -161,6 +161,13 @@ WHERE c.id = :id;
     ) AS p
 )
 
+-- task_checkpoint --
+-- Backend.task_checkpoint, what GET /tasks/{id}/checkpoint reads, in one statement: task_resume's
+-- columns and previous_failures as a JSON array (NULL when none).
+SELECT c.checkpoint_json::text, c.fence, {previous_failures_of_c}
+FROM tasks AS c
+WHERE c.id = :id;
+
 -- task_resume --
 -- What an agent needs to resume a task: its checkpoint and its current fence.
 SELECT checkpoint_json::text, fence FROM tasks WHERE id = :id;
