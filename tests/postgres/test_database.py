@@ -646,8 +646,9 @@ def test_the_reads_made_every_cycle_or_probe_are_one_statement_on_their_own(
     open_db: Callable[..., PostgresDatabase], pg_empty_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GET /tasks/{id} (nullboiler's, every cycle), GET /health (a supervisor's probe), GET
-    /ops/queue and a task's runs (a dashboard's), a task's checkpoint: each reads the store in one statement, run
-    with no transaction around it, so each is one round trip; and each answers as before."""
+    /ops/queue and a task's runs (a dashboard's), a task's checkpoint: each reads the store in
+    one statement, run with no transaction around it, so each is one round trip; and each
+    answers as before."""
     db = open_db(pg_empty_dsn)
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
