@@ -503,6 +503,53 @@ def test_a_request_under_an_idempotency_key_takes_three_round_trips_after_begin(
     assert db.read_sync(lambda b: b.get_idempotency(*other)) is None
 
 
+def test_a_stored_value_is_written_and_deleted_in_one_statement_that_commits_itself(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """PUT and DELETE /store/...: one statement each, its own transaction, the request's key
+    checked in it; a revoked key writes nothing and is told so; deleting what is not there
+    asks whether the key still exists."""
+    from nulltickets.errors import Unauthorized
+
+    db = open_db()
+    units, unit = recorded_units(db)
+    namespace, now = unique("ns"), wall_ms()
+    key_id = f"key-{namespace}"
+    db.write_sync(
+        lambda b: b.insert_api_key(
+            id=key_id,
+            key_hash=namespace.encode(),
+            name=namespace,
+            access="admin",
+            roles=[],
+            now=now,
+        )
+    )
+
+    def keyed(job: Callable[[PostgresBackend], Any]) -> Callable[[PostgresBackend], Any]:
+        def run(b: PostgresBackend) -> Any:
+            b.confirm_key(key_id)
+            return job(b)
+
+        return run
+
+    unit(keyed(lambda b: b.put_value(namespace, "k", '{"b":1,"a":2}', now)))
+    assert units[-1].committed_alone == "store_put"
+    entry = db.read_sync(lambda b: b.get_value(namespace, "k"))
+    assert entry is not None and bytes(entry.value) == b'{"b":1,"a":2}'
+    unit(keyed(lambda b: b.put_value(namespace, "k", "[3]", now + 1)))
+    assert units[-1].committed_alone == "store_put"
+    unit(keyed(lambda b: b.delete_value(namespace, "k")))
+    assert units[-1].committed_alone == "store_delete"
+    assert db.read_sync(lambda b: b.get_value(namespace, "k")) is None
+    unit(keyed(lambda b: b.delete_value(namespace, "k")))  # nothing there: the key is asked
+    assert units[-1].committed_alone is None
+    db.write_sync(lambda b: b.delete_api_key(key_id))
+    with pytest.raises(Unauthorized):
+        unit(keyed(lambda b: b.put_value(namespace, "gone", "1", now + 2)))
+    assert db.read_sync(lambda b: b.get_value(namespace, "gone")) is None
+
+
 def test_a_transition_out_of_a_capped_stage_wakes_its_role(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:
@@ -774,6 +821,9 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
         )
 
     retried_id, dead_id, put_down_id = db.write_sync(job)
+    # A pipeline another server made, which this process has not read.
+    other = Tracker(listener.notifier, shared=True)
+    listener.write_sync(lambda b: other.create_pipeline(b, pipeline(unique("other")), wall_ms()))
     now = wall_ms()
     units, unit = recorded_units(db)
 
@@ -786,7 +836,7 @@ def test_a_fail_and_a_release_are_each_one_statement_that_commits_itself(
         got = db.read_sync(lambda b: b.list_events(run_id, 0, 10))
         return [(e.kind, msgspec.json.decode(bytes(e.data))) for e in got]
 
-    # This process has not read every pipeline (the other tests' are there): step by step,
+    # This process has not read every pipeline (another server's is there): step by step,
     # reading them; then each failure is one statement.
     first, token = claim(now)
     assert first.task.id == retried_id

@@ -35,6 +35,8 @@ POSTGRES_ONLY = {
     "task_checkpoint": "Backend.task_checkpoint, GET /tasks/{id}/checkpoint's, in one statement",
     "queue_counts": "Backend.queue_counts, GET /ops/queue's reads, in one statement",
     "create_task": "Backend.create_task: POST /tasks in one statement, its wake-up with it",
+    "store_put": "Backend.put_value: PUT /store/... in one statement, the key checked in it",
+    "store_delete": "Backend.delete_value: DELETE /store/... in one statement, the same",
     "claim_task": "Backend.claim in one statement, its own transaction (one round trip)",
     "transition_run": "Backend.transition_run in one statement, its wake-ups with it",
     "checkpoint_run": "Backend.checkpoint_run in one statement, its own transaction",

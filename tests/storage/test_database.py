@@ -10,7 +10,7 @@ import pytest
 from nulltickets.errors import DuplicateName, StorageUnavailable
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
-from tests.storage.ops import NOW, covers, make_pipeline, make_task
+from tests.storage.ops import covers, make_pipeline, make_task
 
 
 @covers("Database.capabilities", "Database.notifier")
@@ -72,13 +72,15 @@ def test_units_of_work_from_plain_threads_see_each_other_once_committed(
 
     assert database.read_sync(two_reads) == (True, False)
 
+    made: list[str] = []
+
     def fails(b: Backend) -> None:
-        b.put_value("ns", "k", "1", NOW)
+        made.append(make_pipeline(b))
         raise RuntimeError("the job's own error")
 
     with pytest.raises(RuntimeError, match="the job's own error"):
         database.write_sync(fails)
-    assert database.read_sync(lambda b: b.get_value("ns", "k")) is None
+    assert database.read_sync(lambda b: b.get_pipeline(made[0])) is None
 
 
 @covers("Database.stats")

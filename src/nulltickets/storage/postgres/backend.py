@@ -75,6 +75,8 @@ _stage_counts = msgspec.json.Decoder(list[tuple[str, int]])
 ALONE = frozenset(
     {
         "create_task",
+        "store_put",
+        "store_delete",
         "claim_task",
         "extend_held_lease",
         "insert_event_under_lease",
@@ -299,6 +301,19 @@ class PostgresBackend(Backend):
             self._later("notify", {"payload": chunk})
 
     # --- the agent's cycle, each verb one statement (ALONE) ------------------------------------
+
+    def put_value(self, namespace: str, key: str, value_json: str, now: int) -> None:
+        # store_put: PUT /store/... as one statement that commits itself.
+        params = {"namespace": namespace, "key": key, "value_json": value_json, "now": now}
+        if not self._exec("store_put", params):
+            self._wrote_nothing()
+            self._confirm_unconfirmed_key()  # the key is gone: Unauthorized
+
+    def delete_value(self, namespace: str, key: str) -> None:
+        # store_delete: DELETE /store/... as one statement that commits itself.
+        if not self._exec("store_delete", {"namespace": namespace, "key": key}):
+            self._wrote_nothing()  # no such value, or the key is gone: say which
+            self._confirm_unconfirmed_key()
 
     def create_task(self, task: NewTask, wake_role: str | None) -> tuple[bool, bool]:
         row = self._one("create_task", {**task.params(), "wake_role": wake_role})

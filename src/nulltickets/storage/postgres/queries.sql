@@ -91,6 +91,22 @@ SELECT
         ) AS sent
     );
 
+-- store_put --
+-- Backend.put_value in one statement (its own transaction when its unit of work starts with
+-- it: see PostgresBackend.ALONE): put_value, only while the request's key (:key_id) exists.
+-- No row changed: the key is gone.
+INSERT INTO store (namespace, key, value_json, created_at_ms, updated_at_ms)
+SELECT :namespace, :key, :value_json, :now, :now
+WHERE {key_exists}
+ON CONFLICT (namespace, key) DO UPDATE
+SET value_json = excluded.value_json, updated_at_ms = excluded.updated_at_ms;
+
+-- store_delete --
+-- Backend.delete_value in one statement (its own transaction when its unit of work starts
+-- with it): delete_value, only while the request's key (:key_id) exists. No row changed: there
+-- was no such value, or the key is gone.
+DELETE FROM store WHERE namespace = :namespace AND key = :key AND {key_exists};
+
 -- task_details --
 -- What GET /tasks/{id} reads of the task row itself, in one trip: the task, its checkpoint
 -- and fence, and its cancellation.
