@@ -616,6 +616,44 @@ def test_a_new_task_and_a_retry_delay_reach_a_subscriber(
     assert all(role == "coder" for role, _ in heard)
 
 
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_transition_wakes_the_stage_it_leaves_only_when_that_stage_caps_its_leases(
+    service: Service, capped: bool
+) -> None:
+    """A transition wakes the role of the stage it enters; the role of the stage it leaves
+    only when that stage's policy caps its leases (max_concurrency): no claim waits for a slot
+    of a stage that has none. (The wake-ups of one transition arrive together, in role order.)"""
+    todo = {"agent_role": "coder", **({"max_concurrency": 2} if capped else {})}
+    definition = {**PIPELINE, "states": {**PIPELINE["states"], "todo": todo}}
+    pipeline_id = make_pipeline(service, definition=definition)
+    tasks(service, pipeline_id, 2)
+    claim(service, "warm")  # reads the role's limits
+
+    async def scenario() -> list[tuple[str, int]]:
+        heard: list[tuple[str, int]] = []
+        service.notifier.subscribe(
+            lambda role, at, _agent: heard.append((role, at)), asyncio.get_running_loop()
+        )
+        with service.notifier.waiting():  # a long-poll is waiting: wake-ups have an audience
+            claimed = value(await service.claim(Claim("a", "coder")), ClaimResult)
+            assert claimed is not None
+            token = lease_token_hash(claimed.lease_token)
+            heard.clear()
+            moved = await acall(
+                service, "transition", claimed.run.id, token_hash=token, cmd=MoveTask("submit")
+            )
+            assert moved.kind is Kind.OK
+            for _ in range(1000):
+                if ("reviewer", 0) in heard:
+                    break
+                await asyncio.sleep(0.01)
+        return heard
+
+    heard = asyncio.run(scenario())
+    assert ("reviewer", 0) in heard
+    assert (("coder", 0) in heard) is capped
+
+
 def test_cancel_revokes_the_live_lease_and_requeue_makes_the_task_claimable(
     service: Service, clock: FixedClock
 ) -> None:

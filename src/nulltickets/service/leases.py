@@ -589,13 +589,15 @@ class Leases(TrackerBase):
     def _moved(
         self, b: Backend, pipeline_id: str, task_id: str, from_stage: str, to_stage: str
     ) -> None:
-        """The wake-ups of a task moved: capacity freed in the old stage, new work in the new
-        one, and, when that one is terminal, the tasks that depend on it."""
+        """The wake-ups of a task moved (those Backend.transition_run sends itself): capacity
+        freed in the old stage when its policy caps it, new work in the new one, and, when that
+        one is terminal, the tasks that depend on it."""
         if not self._listening:
             return
-        self._signal(b, pipeline_id, from_stage)
-        self._signal(b, pipeline_id, to_stage)
         pipeline = self._definition(b, pipeline_id)
+        if pipeline is not None and _caps(pipeline, from_stage):
+            self._signal(b, pipeline_id, from_stage)
+        self._signal(b, pipeline_id, to_stage)
         if pipeline is not None and pipeline.is_terminal(to_stage):
             for dependent_pipeline, stage in b.dependent_stages(task_id):
                 self._signal(b, dependent_pipeline, stage)
@@ -616,7 +618,7 @@ class Leases(TrackerBase):
                         t.trigger == trigger
                         and pipeline.find_transition(t.from_stage, trigger) is t
                     ):
-                        capped = pipeline.policy(t.from_stage).max_concurrency is not None
+                        capped = _caps(pipeline, t.from_stage)
                         found.append(
                             (pipeline_id, t.from_stage, t.to_stage, t.instructions, capped)
                         )
@@ -862,3 +864,10 @@ class Leases(TrackerBase):
                 self._signal(b, ended.pipeline_id, ended.stage)
             released.append(Released("released", run_id, ended.task_id))
         return AgentReleased(cmd.agent_id, released)
+
+
+def _caps(pipeline: fsm.Pipeline, stage: str) -> bool:
+    """The stage's policy caps its leases: a claim may wait for a slot there, so a task that
+    leaves it wakes a claim of its role. (A claim held back by its own per-state limits does
+    not wait for that: its server tries it again each second, service/wakeups.py.)"""
+    return pipeline.policy(stage).max_concurrency is not None

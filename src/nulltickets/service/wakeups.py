@@ -14,8 +14,8 @@ so one that arrives between an attempt and the wait is never lost: the claim tri
 once instead of waiting. Waiting costs a future and a timer: no queries, no polling.
 
 A claim held back only by its own per-state limits waits for a lease to end in a stage of that
-name, in any pipeline and of any role, which no notification of its role need announce (on
-PostgreSQL a transition announces freed capacity only for a stage whose policy caps it): while
+name, in any pipeline and of any role, which no notification of its role need announce (a
+transition announces freed capacity only for a stage whose policy caps it): while
 such claims wait, each kind of them of a role tries again every `recheck_s` (one attempt per
 kind, not per claim).
 
