@@ -164,19 +164,24 @@ class PostgresServer:
             postmaster = int(pid_file.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return
+        # Stopped first, the postmaster forks no backend between the listing of its children
+        # and the kill: one forked then would outlive it, attached to the shared memory, and
+        # the next start would refuse ("pre-existing shared memory block is still in use").
+        stop = getattr(signal, "SIGSTOP", None)
+        if stop is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, stop)
         found = subprocess.run(
             ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
         ).stdout.split()
-        for pid in [postmaster, *map(int, found)]:
+        every = [postmaster, *map(int, found)]
+        for pid in every:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                os.kill(postmaster, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        for pid in every:  # each gone (reaped), the postmaster first
+            while time.monotonic() < deadline and _running(pid):
+                time.sleep(0.05)
 
     def cpu_s(self) -> float:
         """The CPU time (user and system, seconds) of the whole cluster so far: the postmaster,
@@ -239,6 +244,15 @@ class PostgresServer:
         with self.admin() as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return name
+
+
+def _running(pid: int) -> bool:
+    """The process is still there (PostgreSQL's own check of its lock file asks the same)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _proc_cpu_s(pid: int) -> float:
