@@ -422,10 +422,10 @@ def round_trips(trace: str) -> list[str]:
     return sent
 
 
-def test_a_request_under_an_idempotency_key_takes_three_round_trips_after_begin(
+def test_a_request_under_an_idempotency_key_takes_three_round_trips(
     open_db: Callable[..., PostgresDatabase], tmp_path: Any
 ) -> None:
-    """An idempotent transition made with an API key: BEGIN; the key's check, the key's lock
+    """An idempotent transition made with an API key: BEGIN, the key's check, the key's lock
     and the read of its record in one message; the transition; the answer recorded and the
     COMMIT in one message. Its replay finds the record; a revoked key writes nothing."""
     from nulltickets.domain.commands import MoveTask
@@ -484,11 +484,13 @@ def test_a_request_under_an_idempotency_key_takes_three_round_trips_after_begin(
 
     moved, sent = traced(idempotent)
     assert (moved.previous_stage, moved.new_stage) == ("todo", "review")
-    assert sent == ["Query", "Query", "Sync", "Query"], sent  # BEGIN, script, move, COMMIT
+    assert sent == ["Query", "Sync", "Query"], sent  # BEGIN and script, move, COMMIT
+    first = trace.read_text().split("Sync")[0]
+    assert '"BEGIN;' in first and "pg_advisory_xact_lock" in first, first
     assert "COMMIT" in trace.read_text().split("Sync")[-1]
     replayed, sent = traced(idempotent)
     assert replayed == (b"h" * 32, token, 200, '{"moved":1}')
-    assert sent == ["Query", "Query", "Query"], sent  # BEGIN, script, COMMIT
+    assert sent == ["Query", "Query"], sent  # BEGIN and script, COMMIT
     lease = db.read_sync(lambda b: b.lease_by_run(claim.run.id))
     assert lease is None  # moved once
     db.write_sync(lambda b: b.delete_api_key(key_id))

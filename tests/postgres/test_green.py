@@ -49,6 +49,7 @@ def test_units_run_in_the_loops_thread_and_wait_for_each_other_there(
 
     def holder(b: PostgresBackend) -> int:
         threads.append(threading.get_ident())
+        b.begin()  # the lock is the transaction's: sent directly, no statement opens it
         b.conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
         for polls in range(1000):
             waiting = b.conn.execute(
@@ -63,6 +64,7 @@ def test_units_run_in_the_loops_thread_and_wait_for_each_other_there(
 
     def waiter(b: PostgresBackend) -> str:
         threads.append(threading.get_ident())
+        b.begin()
         b.conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
         return "got it"
 

@@ -88,6 +88,11 @@ ALONE = frozenset(
     }
 )
 
+# How a unit of work that writes opens its transaction on a connection in autocommit mode (a
+# writer's: database.PostgresDatabase), before its first statement not of ALONE: what psycopg
+# sends itself on one that is not, the server's default isolation level.
+BEGIN: LiteralString = "BEGIN"
+
 # The advisory lock key of retention: "NTKR" (the migrators' is "NTKT").
 PRUNE_LOCK = 0x4E544B52
 
@@ -160,15 +165,37 @@ class PostgresBackend(Backend):
         if name in ALONE:  # each refuses to change anything without the key, when one is named
             params = {**params, "key_id": self.unconfirmed_key if alone else None}
         if alone:
-            conn.autocommit = True
-            try:
+            if conn.autocommit:
                 cur = conn.execute(sql, params)
-            finally:
-                with contextlib.suppress(psycopg.Error):  # a broken connection: pool drops it
-                    conn.autocommit = False
+            else:
+                conn.autocommit = True
+                try:
+                    cur = conn.execute(sql, params)
+                finally:
+                    with contextlib.suppress(psycopg.Error):  # broken: the pool drops it
+                        conn.autocommit = False
             self.committed_alone = name  # until its caller sees that it wrote nothing
             return cur
+        self.begin()
         return conn.execute(sql, params)
+
+    def begin(self) -> None:
+        """Open this unit of work's transaction, unless it is open or the unit only reads: what
+        its first statement not of ALONE does first (a statement sent on `conn` directly does
+        not)."""
+        if self._opens_transaction():
+            self.conn.execute(BEGIN)
+
+    def _opens_transaction(self) -> bool:
+        """The next statement of this unit of work that writes must open its transaction: its
+        connection is in autocommit mode (a writer's is, so that a statement of ALONE needs no
+        switch of mode) and no transaction is open yet."""
+        conn = self.conn
+        return (
+            self.writing
+            and conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        )
 
     def _wrote_nothing(self) -> None:
         """The statement of ALONE just run changed nothing (the key it was given, if any, may
@@ -216,7 +243,12 @@ class PostgresBackend(Backend):
         """Statements of queries.sql sent as one message, in order, each with its own snapshot
         (the simple query protocol: one round trip), their parameters bound by the driver; the
         cursor is on the first one's result, `nextset` moves to the next."""
-        return self.conn.execute(self._text(statements), prepare=False)
+        if not self._opens_transaction():
+            return self.conn.execute(self._text(statements), prepare=False)
+        # The transaction opens in the same message: its BEGIN's (empty) result is skipped.
+        cur = self.conn.execute(f"{BEGIN};\n{self._text(statements)}", prepare=False)
+        cur.nextset()
+        return cur
 
     def _text(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> str:
         """The statements with their parameters bound by the driver, as one text."""
@@ -235,6 +267,8 @@ class PostgresBackend(Backend):
             return None
         text = self._text(self.with_commit)
         self.with_commit.clear()
+        if self._opens_transaction():  # all in one transaction, as when one is open
+            text = f"{BEGIN};\n{text}"
         return text + ";\nCOMMIT"
 
     def _insert(self, name: str, params: dict[str, Any]) -> int:

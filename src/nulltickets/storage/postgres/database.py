@@ -189,8 +189,12 @@ class PostgresDatabase:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def _kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, "autocommit": False}
+    def _kwargs(self, *, writer: bool = False) -> dict[str, Any]:
+        # A writer's connection is in autocommit mode: a statement of ALONE is its own
+        # transaction with no switch of mode, and a unit of work of several statements opens
+        # its transaction itself, in the same message as its first one when it can
+        # (PostgresBackend._opens_transaction).
+        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, "autocommit": writer}
         if self.durability != "full":
             # "normal": a commit returns before its WAL reaches the disk (PostgreSQL's
             # synchronous_commit = off); a crash of PostgreSQL may lose the last few.
@@ -217,7 +221,7 @@ class PostgresDatabase:
             self.url,
             min_size=0,  # in a server only retention's thread uses it, a batch at a time
             max_size=self._writers,
-            kwargs=self._kwargs(),
+            kwargs=self._kwargs(writer=True),
             timeout=POOL_TIMEOUT_S,
             reconnect_timeout=24 * 3600,
             name="nulltickets-write",
@@ -248,7 +252,7 @@ class PostgresDatabase:
         self._read_pool = self._write_pool = None
 
     async def _connect_writer(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(self.url, **self._kwargs())
+        return await psycopg.AsyncConnection.connect(self.url, **self._kwargs(writer=True))
 
     async def _connect_reader(self) -> psycopg.AsyncConnection[Any]:
         kwargs = self._kwargs()
