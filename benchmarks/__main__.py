@@ -300,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.postgres import postgres_section
 
             results["postgres"] = postgres_section(
-                work, (4,) if quick else (16, 64), 100 if quick else 500, rounds, adapt=not quick
+                work,
+                (4,) if quick else (16, 64),
+                100 if quick else 500,
+                rounds,
+                adapt=not quick,
+                floor_statements=200 if quick else 2_000,
             )
             results["machine"]["postgresql"] = results["postgres"]["postgresql"]
 

@@ -30,6 +30,8 @@ from benchmarks import peer
 from benchmarks.cycle import cycle, measure
 from benchmarks.harness import BenchServer
 from benchmarks.pgcluster import PostgresServer, PostgresUnavailable, start_postgres
+from benchmarks.pgfloor import describe as describe_floor
+from benchmarks.pgfloor import measure_floor
 
 SERVERS = (1, 2, 3)
 # Each run of a variant after its first lasts about this long.
@@ -120,12 +122,14 @@ def postgres_section(
     rounds: int,
     *,
     adapt: bool = True,
+    floor_statements: int = 2_000,
 ) -> dict[str, Any]:
     """Every variant at each number of agents, the median of `rounds` interleaved runs; the
     first round of a variant runs `tasks` tasks, later ones (with `adapt`) about TARGET_S
-    seconds' worth. Returns the rows, the capacity model, and the versions of PostgreSQL and
-    of the peer. Without PostgreSQL (or its driver, or the peer's package) the rows that need
-    it say why instead of giving a figure."""
+    seconds' worth. First the machine's floor (benchmarks/pgfloor.py, `floor_statements` of
+    each kind). Returns the rows, the capacity model, the floor, and the versions of
+    PostgreSQL and of the peer. Without PostgreSQL (or its driver, or the peer's package) the
+    rows that need it say why instead of giving a figure."""
     cluster: PostgresServer | None = None
     pg_missing = peer_missing = None
     try:
@@ -152,6 +156,8 @@ def postgres_section(
             with cluster.admin() as conn:
                 row = conn.execute("SHOW server_version").fetchone()
             section["postgresql"] = str(row[0]) if row else None
+            section["floor"] = measure_floor(cluster, floor_statements)
+            print(f"  {describe_floor(section['floor'])}", flush=True)
         for agents in agents_list:
             runs: dict[Variant, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
             failed: dict[Variant, str] = {}
@@ -341,6 +347,8 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
         "a fetch and its cycle a fetch and a complete.",
     ]
     lines += ratios(section["rows"])
+    if section.get("floor"):
+        lines += ["", describe_floor(section["floor"])]
     enqueued = [
         f"{r['durability']} at {r['agents']} agents {r['enqueue_per_s']:,.0f}"
         for r in section["rows"]

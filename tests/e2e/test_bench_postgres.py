@@ -44,6 +44,12 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
             assert "postgres_cpu_ms_per_cycle" not in r
         else:
             assert r["postgres_cpu_ms_per_cycle"] > 0, r
+    floor = section["floor"]
+    for kind in ("select", "insert_commit"):
+        assert floor[kind]["statements"] == 200
+        assert floor[kind]["client_cpu_us"] > 0 and floor[kind]["wall_us"] > 0, floor
+    # The backend's CPU is read from /proc where there is one.
+    assert floor["insert_commit"]["postgres_cpu_us"] > 0 or not Path("/proc/self").exists()
     model = section["model"]
     assert sorted(model["costs"]) == ["1", "2", "3"]
     assert model["grid"]["8"]["16"] >= model["grid"]["8"]["1"] > 0
@@ -59,6 +65,8 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
     assert "cycles/s = min(N * 1 * 1000 / s, K * 1000 / p)" in text
     assert "| 32 | " in text and " servers |" in text
     assert "procrastinate on the same cluster: full " in text
+    floor_line = "The machine's floor (benchmarks/pgfloor.py: one connection, no concurrency, 200 "
+    assert floor_line in text
     written = figures.read_text()
     assert written.startswith("Measured ") and "python -m benchmarks --sections postgres" in written
     assert written.split("\n", 1)[1] in text
