@@ -347,8 +347,6 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
         "a fetch and its cycle a fetch and a complete.",
     ]
     lines += ratios(section["rows"])
-    if section.get("floor"):
-        lines += ["", describe_floor(section["floor"])]
     enqueued = [
         f"{r['durability']} at {r['agents']} agents {r['enqueue_per_s']:,.0f}"
         for r in section["rows"]
@@ -360,6 +358,8 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
             + ", ".join(enqueued)
             + "."
         )
+    if section.get("floor"):
+        lines += ["", describe_floor(section["floor"])]
     model = section.get("model")
     if model:
         lines += render_model(model, section["rows"])
