@@ -24,4 +24,11 @@ for name in postgres haproxy; do
             -f "tests/deploy/images/$name.Containerfile" -t "$image" tests/deploy/images > /dev/null
     fi
 done
+# Podman 4.3 can leave its lock table saying a lock is free while a pod still holds it (a race
+# between removing containers, as `make test-image` just did, and their cleanup); `kube play`
+# then gives that lock to a new container and waits for itself for ever, inside the pod's lock.
+# Renumbering, while no container runs, rebuilds the table from what exists.
+if [ -z "$(podman ps -q)" ]; then
+    podman system renumber
+fi
 "$py" -m pytest -p no:cacheprovider tests/deploy -q -s
