@@ -124,7 +124,8 @@ def test_concurrent_claimers_never_get_the_same_task(pg_shared_dsn: str, pg_conn
 
 def whole_claim(conn: Conn, role: str, agent: str) -> tuple[str | None, bool]:
     """One claim as PostgresBackend.claim makes it, the one statement claim_task: (task id
-    or None, whether a race was lost)."""
+    or None, whether a race was lost), on the connection in autocommit mode as a writer's is."""
+    conn.autocommit = True
     backend = PostgresBackend(conn, writing=True)
     try:
         got = backend.claim(

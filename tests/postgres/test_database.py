@@ -422,6 +422,17 @@ def round_trips(trace: str) -> list[str]:
     return sent
 
 
+def test_a_unit_that_writes_refuses_a_connection_in_transaction_mode(pg_shared_dsn: str) -> None:
+    """Its statements of ALONE would not be their own transactions there: a writer's connection
+    is in autocommit mode (the pools make them so), and nothing else is taken."""
+    with psycopg.connect(pg_shared_dsn) as conn:
+        with pytest.raises(ValueError, match="autocommit"):
+            PostgresBackend(conn, writing=True)
+        PostgresBackend(conn)  # a read needs no such thing
+    with psycopg.connect(pg_shared_dsn, autocommit=True) as conn:
+        assert PostgresBackend(conn, writing=True).writing
+
+
 def test_a_request_under_an_idempotency_key_takes_three_round_trips(
     open_db: Callable[..., PostgresDatabase], tmp_path: Any
 ) -> None:

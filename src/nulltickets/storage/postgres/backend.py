@@ -10,7 +10,6 @@ so with LostRace, on which the database runs the whole unit of work again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -88,9 +87,9 @@ ALONE = frozenset(
     }
 )
 
-# How a unit of work that writes opens its transaction on a connection in autocommit mode (a
-# writer's: database.PostgresDatabase), before its first statement not of ALONE: what psycopg
-# sends itself on one that is not, the server's default isolation level.
+# How a unit of work that writes opens its transaction (its connection is in autocommit mode:
+# database.PostgresDatabase), before its first statement not of ALONE: what psycopg sends
+# itself on a connection that is not, the server's default isolation level.
 BEGIN: LiteralString = "BEGIN"
 
 # The advisory lock key of retention: "NTKR" (the migrators' is "NTKT").
@@ -125,8 +124,12 @@ class PostgresBackend(Backend):
         writing: bool = False,
         one_read: bool = False,
     ) -> None:
+        if writing and not conn.autocommit:
+            # A statement of ALONE must be its own transaction, and the unit opens any other.
+            raise ValueError("a unit of work that writes needs a connection in autocommit mode")
         self.conn = conn
-        # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*).
+        # In a unit of work that writes, lease lookups lock the lease (lock_lease_by_*), and
+        # the unit opens its transaction itself (begin): its connection is in autocommit mode.
         self.writing = writing
         # A read run with no transaction around it: its one statement is its snapshot, and a
         # second one raises SecondStatement (the key's check, beforehand, is not counted).
@@ -164,16 +167,8 @@ class PostgresBackend(Backend):
             self.statements = 1
         if name in ALONE:  # each refuses to change anything without the key, when one is named
             params = {**params, "key_id": self.unconfirmed_key if alone else None}
-        if alone:
-            if conn.autocommit:
-                cur = conn.execute(sql, params)
-            else:
-                conn.autocommit = True
-                try:
-                    cur = conn.execute(sql, params)
-                finally:
-                    with contextlib.suppress(psycopg.Error):  # broken: the pool drops it
-                        conn.autocommit = False
+        if alone:  # its own transaction: the connection is in autocommit mode
+            cur = conn.execute(sql, params)
             self.committed_alone = name  # until its caller sees that it wrote nothing
             return cur
         self.begin()
@@ -187,15 +182,9 @@ class PostgresBackend(Backend):
             self.conn.execute(BEGIN)
 
     def _opens_transaction(self) -> bool:
-        """The next statement of this unit of work that writes must open its transaction: its
-        connection is in autocommit mode (a writer's is, so that a statement of ALONE needs no
-        switch of mode) and no transaction is open yet."""
-        conn = self.conn
-        return (
-            self.writing
-            and conn.autocommit
-            and conn.info.transaction_status == TransactionStatus.IDLE
-        )
+        """The next statement of this unit of work must open its transaction: the unit writes
+        (its connection is in autocommit mode) and no transaction is open yet."""
+        return self.writing and self.conn.info.transaction_status == TransactionStatus.IDLE
 
     def _wrote_nothing(self) -> None:
         """The statement of ALONE just run changed nothing (the key it was given, if any, may

@@ -96,11 +96,6 @@ class GreenConnection:
     def autocommit(self) -> bool:
         return self._conn.autocommit
 
-    @autocommit.setter
-    def autocommit(self, value: bool) -> None:
-        if self._conn.autocommit != value:
-            wait(self._conn.set_autocommit(value))
-
     def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None
     ) -> GreenCursor:
