@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import greenlet
 import psycopg
 import pytest
 
@@ -203,3 +205,62 @@ def test_a_closed_database_is_unavailable_to_the_loop(pg_shared_dsn: str) -> Non
             await database.read(lambda b: 1)
 
     run(main, database)
+
+
+def test_a_unit_is_kept_for_the_next_one_whatever_the_last_one_did() -> None:
+    """The greenlet that ran a unit runs the next one (a finished greenlet would give its stack
+    of frames back for a new one to map again), after a result, after an error that reached the
+    caller as raised, and after a cancellation; each unit sees its own context variables."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("who")
+    seen: list[tuple[Any, str]] = []
+
+    def job(value: str) -> str:
+        seen.append((greenlet.getcurrent(), var.get()))
+        return green.wait(asyncio.sleep(0, value))
+
+    def failing() -> None:
+        seen.append((greenlet.getcurrent(), var.get()))
+        raise DuplicateName("taken")
+
+    def slow() -> None:
+        seen.append((greenlet.getcurrent(), var.get()))
+        green.wait(asyncio.sleep(30))
+
+    async def one(who: str, *work: Any) -> Any:
+        var.set(who)
+        return await green.run(*work)
+
+    async def main() -> list[Any]:
+        results: list[Any] = [await one("a", job, "x")]
+        with pytest.raises(DuplicateName, match="taken") as raised:
+            await one("b", failing)
+        assert any(frame.name == "failing" for frame in traceback.extract_tb(raised.tb))
+        pending = asyncio.ensure_future(one("c", slow))
+        await asyncio.sleep(0.01)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        results.append(await one("d", job, "y"))
+        return results
+
+    assert asyncio.run(main()) == ["x", "y"]
+    assert [who for _, who in seen] == ["a", "b", "c", "d"]
+    assert len({id(unit) for unit, _ in seen}) == 1
+
+
+def test_units_in_flight_at_once_each_have_their_own_greenlet() -> None:
+    """Kept units are handed out one to a unit: two in flight never share one."""
+    units: list[Any] = []
+
+    def job() -> None:
+        units.append(greenlet.getcurrent())
+        green.wait(asyncio.sleep(0.01))
+        units.append(greenlet.getcurrent())
+
+    async def main() -> None:
+        await green.run(job)  # one unit kept
+        await asyncio.gather(*(green.run(job) for _ in range(3)))
+
+    asyncio.run(main())
+    assert len({id(u) for u in units[2:]}) == 3
+    assert units[0] in units[2:]
