@@ -295,10 +295,11 @@ class PostgresDatabase:
                         tail = backend.commit_script()
                         committing = True
                         started = time.perf_counter()
-                        if tail is None:
+                        if tail is not None:  # what goes with the COMMIT, and the COMMIT
+                            await conn.execute(tail, prepare=False)  # (one round trip)
+                        elif conn.info.transaction_status != IDLE:
                             await conn.commit()
-                        else:  # what goes with the COMMIT, and the COMMIT: one round trip
-                            await conn.execute(tail, prepare=False)
+                        # else: a statement of ALONE was the unit, and committed with itself
                     except BaseException:
                         if not conn.broken and conn.info.transaction_status != IDLE:
                             await conn.rollback()
