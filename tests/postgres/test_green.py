@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -264,3 +266,31 @@ def test_units_in_flight_at_once_each_have_their_own_greenlet() -> None:
     asyncio.run(main())
     assert len({id(u) for u in units[2:]}) == 3
     assert units[0] in units[2:]
+
+
+def test_a_kept_unit_holds_on_to_nothing_of_the_unit_before() -> None:
+    """Neither the context of the request a kept unit ran last nor its job's result stay
+    alive through it."""
+
+    class Payload:
+        pass
+
+    var: contextvars.ContextVar[Payload] = contextvars.ContextVar("payload")
+    refs: list[weakref.ref[Payload]] = []
+
+    def job() -> Payload:
+        green.wait(asyncio.sleep(0))
+        result = Payload()
+        refs.append(weakref.ref(result))
+        return result
+
+    async def main() -> None:
+        payload = Payload()
+        refs.append(weakref.ref(payload))
+        var.set(payload)
+        del payload
+        assert isinstance(await green.run(job), Payload)
+
+    asyncio.run(main())
+    gc.collect()
+    assert len(refs) == 2 and [ref() for ref in refs] == [None, None]

@@ -85,6 +85,7 @@ async def run(job: Callable[..., T], *args: Any) -> T:
             step = unit.throw(*sys.exc_info())
         else:
             step = unit.switch(value)
+    unit.gr_context = None  # a kept unit holds on to nothing of this request's context
     if len(idle) < _KEPT:
         idle.append(unit)
     result: T = step.value
