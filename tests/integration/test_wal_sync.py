@@ -41,13 +41,19 @@ class GateFile(apsw.VFSFile):
 
 
 class GateVFS(apsw.VFS):
-    """The default VFS, except that each xSync of the WAL made by the writer's sync thread waits
-    for a permit (`allow`), and fails while `failing` is set."""
+    """The default VFS, except that each xSync of the WAL made by a sync thread waits for a
+    permit (`allow`), and fails while `failing` is set.
+
+    Permits go to the syncs in the order they began: with two native sync threads, a sync that
+    began second must not take the permit meant for the first (a thread can count itself as
+    started and lose the processor before it waits, so the order in which the threads come to
+    wait is not the order in which they began)."""
 
     def __init__(self) -> None:
         self.name = f"walsync-gate-{next(_names)}"
-        self.permits = threading.Semaphore(0)
-        self.started = 0  # syncs of the sync thread begun
+        self._turn = threading.Condition(threading.Lock())
+        self.allowed = 0  # the syncs, counted in the order they began, that may go on
+        self.started = 0  # syncs of the sync threads begun
         self.finished = 0
         self.failing = False
         self.held = True
@@ -57,20 +63,26 @@ class GateVFS(apsw.VFS):
         return GateFile(self, name, flags)
 
     def barrier_sync(self) -> None:
-        self.started += 1
-        if self.held:
-            self.permits.acquire()
+        with self._turn:
+            self.started += 1
+            ticket = self.started
+            while self.held and ticket > self.allowed:
+                self._turn.wait()
         if self.failing:
             raise apsw.IOError("sync refused by the test's disk")
-        self.finished += 1
+        with self._turn:
+            self.finished += 1
 
     def allow(self, n: int = 1) -> None:
-        for _ in range(n):
-            self.permits.release()
+        """Let the next `n` syncs (in the order they began, held now or later) go on."""
+        with self._turn:
+            self.allowed += n
+            self._turn.notify_all()
 
     def release_all(self) -> None:
-        self.held = False
-        self.allow(100)
+        with self._turn:
+            self.held = False
+            self._turn.notify_all()
 
 
 @pytest.fixture(
