@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from benchmarks.__main__ import main, render
+from benchmarks.pgfloor import BATCH
 from benchmarks.postgres import VARIANTS
 
 pytestmark = [
@@ -48,6 +49,9 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
     for kind in ("select", "insert_commit"):
         assert floor[kind]["statements"] == 200
         assert floor[kind]["client_cpu_us"] > 0 and floor[kind]["wall_us"] > 0, floor
+    batch = floor["insert_batch"]
+    assert batch["rows"] == 200 and batch["statements"] == 200 // BATCH, batch
+    assert batch["client_cpu_us"] > 0 and batch["wall_us"] > 0, batch
     # The backend's CPU is read from /proc where there is one.
     assert floor["insert_commit"]["postgres_cpu_us"] > 0 or not Path("/proc/self").exists()
     model = section["model"]
@@ -67,6 +71,7 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
     assert "procrastinate on the same cluster: full " in text
     floor_line = "The machine's floor (benchmarks/pgfloor.py: one connection, no concurrency, 200 "
     assert floor_line in text
+    assert f"The same 200 rows committed {BATCH} to a statement ({200 // BATCH} statements)" in text
     written = figures.read_text()
     assert written.startswith("Measured ") and "python -m benchmarks --sections postgres" in written
     assert written.split("\n", 1)[1] in text
