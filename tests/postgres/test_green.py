@@ -137,16 +137,24 @@ def test_a_statement_outside_a_unit_of_the_loop_is_refused() -> None:
 
 
 def test_after_a_restart_the_loops_pool_runs_the_unit_again_on_a_fresh_connection(
-    db: PostgresDatabase, postgres: PostgresServer
+    db: PostgresDatabase, postgres: PostgresServer, pg_shared_dsn: str
 ) -> None:
     """The loop's pool, like the threads' (test_database), replaces the connections PostgreSQL
-    dropped, and the unit of work runs again instead of failing."""
+    dropped, and the unit of work runs again instead of failing; the server counts it."""
     tracker = Tracker(db.notifier, shared=True)
     role = unique("coder")
     seed(db, tracker, role, 2)
+    retried = db.stats().figures["retries"]
+
+    def backend_pid(b: PostgresBackend) -> int:
+        row = b.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
 
     async def main() -> Any:
         name = await db.read(lambda b: b.conn.execute("SELECT current_database()").fetchone())
+        # The loop's pool now holds an idle connection that writes: PostgreSQL ends it.
+        held = await db.write(backend_pid)
         with postgres.admin() as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -154,9 +162,13 @@ def test_after_a_restart_the_loops_pool_runs_the_unit_again_on_a_fresh_connectio
                 "AND query NOT LIKE '%%LISTEN nulltickets_claimable%%'",
                 (name[0],),
             )
+        assert wait_gone(pg_shared_dsn, held)
         return await db.write(lambda b: tracker.claim(b, Claim("a", role), wall_ms()))
 
     assert run(main, db) is not None
+    # Run again on a fresh connection, and counted where /metrics shows it
+    # (nulltickets_storage_retries_total).
+    assert db.stats().figures["retries"] > retried
 
 
 def test_connections_made_on_one_loop_serve_the_next_and_close_with_the_database(

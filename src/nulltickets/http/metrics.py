@@ -159,6 +159,12 @@ STORAGE_FIGURES = {
         "WAL checkpoints the writer finished itself (the WAL had grown too large).",
     ),
     "wal_bytes": ("nulltickets_wal_bytes", "gauge", "Size of the SQLite write-ahead log."),
+    "retries": (
+        "nulltickets_storage_retries_total",
+        "counter",
+        "Units of work run again on PostgreSQL: after a lost race, a serialization failure or "
+        "a deadlock, or a connection that died before COMMIT.",
+    ),
 }
 # Database.stats() histograms, where the backend has them: name -> (metric, help).
 STORAGE_HISTOGRAMS = {
