@@ -306,3 +306,45 @@ def test_a_kept_unit_holds_on_to_nothing_of_the_unit_before() -> None:
     asyncio.run(main())
     gc.collect()
     assert len(refs) == 2 and [ref() for ref in refs] == [None, None]
+
+
+def test_the_verbs_every_agent_sends_are_prepared_on_their_first_use(
+    db: PostgresDatabase,
+) -> None:
+    """A statement of ALONE (a claim, a transition, an event...) is prepared on the connection
+    the first time it runs there as its unit of work, not the sixth: until then PostgreSQL
+    parses and plans each run of it again, which for the claim costs milliseconds of its CPU
+    per run, and a server that has just started (or reconnected) pays that on every one of its
+    connections."""
+    tracker = Tracker(db.notifier, shared=True)
+    role = unique("coder")
+    seed(db, tracker, role, 3)
+
+    def claim(b: PostgresBackend) -> None:
+        assert tracker.claim(b, Claim(unique("agent"), role), wall_ms()) is not None
+
+    def prepared(b: PostgresBackend) -> tuple[int, int]:
+        """This connection's backend, and its prepared statements that are claim_task."""
+        row = b.conn.execute(
+            "SELECT pg_backend_pid(), count(*) FILTER (WHERE statement LIKE 'WITH candidate AS%%')"
+            " FROM pg_prepared_statements"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async def main() -> list[tuple[int, int]]:
+        # One loop, one unit at a time: every unit runs on the same connection of its pool.
+        # The first claim reads the role's stages for the tracker, in a transaction: from the
+        # second on, a claim is claim_task alone.
+        seen = [await db.write(prepared)]
+        await db.write(claim)
+        seen.append(await db.write(prepared))
+        await db.write(claim)
+        seen.append(await db.write(prepared))
+        return seen
+
+    seen = run(main, db)
+    assert len({pid for pid, _ in seen}) == 1, seen
+    # Not before its first run alone; once after it, and still once after the next.
+    counts = [n for _, n in seen]
+    assert counts[0] == 0 and counts[-1] == 1, seen
