@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds,
                 adapt=not quick,
                 floor_statements=200 if quick else 2_000,
+                quick=quick,
             )
             results["machine"]["postgresql"] = results["postgres"]["postgresql"]
 

@@ -62,12 +62,19 @@ def measure(
     tasks: int,
     *,
     postgres_cpu: Callable[[], float] | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """Load `tasks` tasks through the first server, then let `agents` agents, split evenly
     across the servers, work through them. Server CPU is the sum over the servers, peak memory
     the largest of any. With `postgres_cpu` (the database's CPU seconds so far), the
-    database's CPU over the same stretch comes with it."""
+    database's CPU over the same stretch comes with it. With `warmup`, the same agents first
+    work through that many tasks, unmeasured: what a server does once, on its first requests
+    (its connections to PostgreSQL and their statements' plans, its caches), is left out of a
+    run that measures what it does for as long as it runs."""
     pipeline = create_pipeline(servers[0])
+    if warmup:
+        bulk_load(servers[0], pipeline, warmup)
+        run_agents([s.port for s in servers], agents, "worker", "complete", 4)
     ids = bulk_load(servers[0], pipeline, tasks)
     cpu0 = sum(s.cpu_s() for s in servers)
     db0 = postgres_cpu() if postgres_cpu else 0.0
@@ -92,6 +99,7 @@ def measure(
         "agents": agents,
         "servers": len(servers),
         "tasks": tasks,
+        "warmup": warmup,
         "seconds": round(wall, 3),
         "cycles_per_s": round(len(completed) / wall, 1),
         "requests_per_s": round(requests / wall, 1),
@@ -129,13 +137,14 @@ def cycle(
     *,
     env: dict[str, str] | None = None,
     cmd: list[str] | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
-    """One run on a new SQLite file and a fresh server (`env` and `cmd` as for BenchServer).
-    With `full`, the server's own means of its WAL syncs and of each batch's wait for one
-    (GET /metrics) come with it, where the server has them."""
+    """One run on a new SQLite file and a fresh server (`env` and `cmd` as for BenchServer,
+    `warmup` as for `measure`). With `full`, the server's own means of its WAL syncs and of
+    each batch's wait for one (GET /metrics) come with it, where the server has them."""
     db = workdir / f"cycle-{agents}-{durability}-{uuid.uuid4().hex[:8]}.db"
     with BenchServer(db, durability=durability, env=env, cmd=cmd) as server:
-        result = measure([server], agents, tasks)
+        result = measure([server], agents, tasks, warmup=warmup)
         if durability == "full":
             metrics = server.text("/metrics")
             for key, name in (

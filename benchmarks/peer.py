@@ -37,17 +37,29 @@ def version() -> str | None:
 
 
 def run(
-    dsn: str, agents: int, jobs: int, durability: str, postgres_cpu: Callable[[], float]
+    dsn: str,
+    agents: int,
+    jobs: int,
+    durability: str,
+    postgres_cpu: Callable[[], float],
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """One run on a fresh database `dsn`: its schema, `jobs` jobs enqueued, then `agents`
     agents fetching and completing them. The row has the figures of a cycle row (a cycle is
     one job fetched and completed; its "claim" is the fetch), the process's CPU as the server's,
-    and the cluster's CPU (`postgres_cpu`) over the same stretch."""
-    return asyncio.run(_run(dsn, agents, jobs, durability, postgres_cpu))
+    and the cluster's CPU (`postgres_cpu`) over the same stretch. With `warmup`, the agents
+    first work through that many jobs, unmeasured, as nulltickets' servers do in the same
+    section (benchmarks.cycle.measure)."""
+    return asyncio.run(_run(dsn, agents, jobs, durability, postgres_cpu, warmup))
 
 
 async def _run(
-    dsn: str, agents: int, jobs: int, durability: str, postgres_cpu: Callable[[], float]
+    dsn: str,
+    agents: int,
+    jobs: int,
+    durability: str,
+    postgres_cpu: Callable[[], float],
+    warmup: int,
 ) -> dict[str, Any]:
     import procrastinate
     from procrastinate.jobs import Status
@@ -64,10 +76,23 @@ async def _run(
 
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
+        manager = app.job_manager
+        if warmup:
+            await noop.batch_defer_async(*({} for _ in range(warmup)))
+            warming = await manager.register_worker()
+
+            async def warm_agent() -> None:  # fetch and finish, as in the measured stretch
+                while True:
+                    job = await manager.fetch_job(queues=[QUEUE], worker_id=warming)
+                    if job is None:
+                        return
+                    await manager.finish_job(job, Status.SUCCEEDED, delete_job=False)
+
+            await asyncio.gather(*(warm_agent() for _ in range(agents)))
+            await manager.unregister_worker(warming)
         t0 = time.perf_counter()
         ids = await noop.batch_defer_async(*({} for _ in range(jobs)))
         enqueue_s = time.perf_counter() - t0
-        manager = app.job_manager
         worker_id = await manager.register_worker()
         fetch: list[float] = []
         complete: list[float] = []
@@ -107,6 +132,7 @@ async def _run(
         "servers": 0,  # in-process: no server
         "agents": agents,
         "tasks": jobs,
+        "warmup": warmup,
         "seconds": round(wall, 3),
         "cycles_per_s": round(cycles / wall, 1),
         "enqueue_per_s": round(jobs / enqueue_s, 1),

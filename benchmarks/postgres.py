@@ -12,7 +12,11 @@ and `full` leaves it on. Every run gets a new database (or SQLite file) and fres
 runs of one round go through every variant in turn (SQLite full, normal, PostgreSQL full at 1, 2,
 3 servers, normal at 1, 2, 3, the peer full and normal), so the machine's drift falls on all
 alike. The number of tasks of a variant's later rounds is set from its first round, so that each
-run lasts about TARGET_S seconds. PostgreSQL's CPU is read from /proc: the postmaster, its
+run lasts about TARGET_S seconds. Before it is measured, every run works through `warmup`
+tasks (jobs, for the peer) with the same agents: a server's first requests open its connections
+and plan its statements on each of them, once, and in a run of a few seconds that once would
+weigh as if it went on for as long as servers run (with three servers, it was most of
+PostgreSQL's CPU per cycle). PostgreSQL's CPU is read from /proc: the postmaster, its
 processes and the backends it has reaped (PostgresServer.cpu_s).
 """
 
@@ -37,6 +41,8 @@ SERVERS = (1, 2, 3)
 # Each run of a variant after its first lasts about this long.
 TARGET_S = 4.0
 MIN_TASKS, MAX_TASKS = 300, 20_000
+# A run's warm-up (warmup_tasks): tasks per agent, and at least this many.
+WARMUP_PER_AGENT, WARMUP_MIN = 10, 300
 # The cores one server process can use: its event loop and granian's threads share one GIL.
 CORES_PER_SERVER = 1.0
 # The capacity model's grid: PostgreSQL cores and servers in front of it.
@@ -76,15 +82,27 @@ def not_measured(v: Variant, agents: int, reason: str) -> dict[str, Any]:
     }
 
 
+def warmup_tasks(agents: int, quick: bool) -> int:
+    """The tasks of a run's warm-up: enough for each of the agents' requests to have run several
+    times on every connection of three servers (8 that write each) before the measured stretch;
+    a few in a quick run, which only checks that the section works."""
+    return 2 * agents if quick else max(WARMUP_MIN, WARMUP_PER_AGENT * agents)
+
+
 def run_once(
-    v: Variant, cluster: PostgresServer | None, work: Path, agents: int, tasks: int
+    v: Variant,
+    cluster: PostgresServer | None,
+    work: Path,
+    agents: int,
+    tasks: int,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     if v.engine == "sqlite":
-        return cycle(work, agents, tasks, v.durability)
+        return cycle(work, agents, tasks, v.durability, warmup=warmup)
     assert cluster is not None
     dsn = cluster.dsn(cluster.create_database())
     if v.engine == peer.NAME:
-        return peer.run(dsn, agents, tasks, v.durability, cluster.cpu_s)
+        return peer.run(dsn, agents, tasks, v.durability, cluster.cpu_s, warmup)
     with ExitStack() as stack:
         running = [
             stack.enter_context(
@@ -96,7 +114,7 @@ def run_once(
             )
             for k in range(v.servers)
         ]
-        result = measure(running, agents, tasks, postgres_cpu=cluster.cpu_s)
+        result = measure(running, agents, tasks, postgres_cpu=cluster.cpu_s, warmup=warmup)
     return {"engine": "postgresql", "durability": v.durability, **result}
 
 
@@ -123,13 +141,15 @@ def postgres_section(
     *,
     adapt: bool = True,
     floor_statements: int = 2_000,
+    quick: bool = False,
 ) -> dict[str, Any]:
-    """Every variant at each number of agents, the median of `rounds` interleaved runs; the
-    first round of a variant runs `tasks` tasks, later ones (with `adapt`) about TARGET_S
-    seconds' worth. First the machine's floor (benchmarks/pgfloor.py, `floor_statements` of
-    each kind). Returns the rows, the capacity model, the floor, and the versions of
-    PostgreSQL and of the peer. Without PostgreSQL (or its driver, or the peer's package) the
-    rows that need it say why instead of giving a figure."""
+    """Every variant at each number of agents, the median of `rounds` interleaved runs, each
+    after its warm-up (warmup_tasks; `quick`: a token one); the first round of a variant runs
+    `tasks` tasks, later ones (with `adapt`) about TARGET_S seconds' worth. First the
+    machine's floor (benchmarks/pgfloor.py, `floor_statements` of each kind). Returns the
+    rows, the capacity model, the floor, and the versions of PostgreSQL and of the peer.
+    Without PostgreSQL (or its driver, or the peer's package) the rows that need it say why
+    instead of giving a figure."""
     cluster: PostgresServer | None = None
     pg_missing = peer_missing = None
     try:
@@ -172,7 +192,9 @@ def postgres_section(
                     if v in failed:
                         continue
                     try:
-                        run = run_once(v, cluster, work, agents, size[v])
+                        run = run_once(
+                            v, cluster, work, agents, size[v], warmup_tasks(agents, quick)
+                        )
                     except RuntimeError as exc:  # a server that did not start: say so, go on
                         failed[v] = str(exc)
                         continue
@@ -306,6 +328,15 @@ def peer_per_core(rows: list[dict[str, Any]], agents: int) -> dict[str, float]:
 # --- rendering ------------------------------------------------------------------------------
 
 
+def warmups(rows: list[dict[str, Any]]) -> str:
+    """What the runs' warm-ups were, in words, one figure per number of agents."""
+    by_agents = sorted({(r["agents"], r.get("warmup", 0)) for r in rows if "cycles_per_s" in r})
+    done = [f"{w:,} at {a} agents" for a, w in by_agents if w]
+    if not done:
+        return "no warm-up"
+    return f"the same agents worked through tasks (jobs) unmeasured: {', '.join(done)}"
+
+
 def durability_label(row: dict[str, Any]) -> str:
     if row["engine"] == "sqlite":
         return str(row["durability"])
@@ -341,7 +372,9 @@ def render(section: dict[str, Any], rounds: int) -> list[str]:
         *(table_row(r) for r in section["rows"]),
         "",
         f"Each row is the median of {rounds} run{'s' * (rounds > 1)}, the variants' runs "
-        "interleaved; CPU per cycle is the median over the runs. Several servers share one "
+        "interleaved; CPU per cycle is the median over the runs. Each run is measured after "
+        f"{warmups(section['rows'])} (fresh servers' connections, their statements' plans, "
+        "caches). Several servers share one "
         "database, the agents split across them; their CPU is the sum. The peer runs in one "
         "process with no HTTP: its CPU is the queue's and its agents' together, its claim is "
         "a fetch and its cycle a fetch and a complete.",

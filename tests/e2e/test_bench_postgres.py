@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from benchmarks.__main__ import main, render
 from benchmarks.pgfloor import BATCH
-from benchmarks.postgres import VARIANTS
+from benchmarks.postgres import VARIANTS, warmup_tasks
 
 pytestmark = [
     pytest.mark.process,
@@ -38,6 +38,8 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
     assert [r for r in rows if "not_measured" in r] == []
     assert section["postgresql"] and section["peer"]["version"]
     for r in rows:
+        # Measured after a warm-up of its own (a token one in a quick run).
+        assert r["warmup"] == warmup_tasks(4, quick=True) > 0, r
         assert r["completed_exactly_once"], r
         assert r["cycles_per_s"] > 0 and r["server_cpu_ms_per_cycle"] > 0, r
         assert r["latency_ms"]["claim"]["p99"] > 0, r
@@ -67,6 +69,7 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
             durability += f" (synchronous_commit {'on' if v.durability == 'full' else 'off'})"
         assert f"| {v.engine} | {servers} | 4 | {durability} | " in text, v
     assert "cycles/s = min(N * 1 * 1000 / s, K * 1000 / p)" in text
+    assert f"worked through tasks (jobs) unmeasured: {warmup_tasks(4, quick=True)} at 4 " in text
     assert "| 32 | " in text and " servers |" in text
     assert "procrastinate on the same cluster: full " in text
     floor_line = "The machine's floor (benchmarks/pgfloor.py: one connection, no concurrency, 200 "
