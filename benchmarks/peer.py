@@ -77,29 +77,11 @@ async def _run(
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
         manager = app.job_manager
-        if warmup:
-            await noop.batch_defer_async(*({} for _ in range(warmup)))
-            warming = await manager.register_worker()
-
-            async def warm_agent() -> None:  # fetch and finish, as in the measured stretch
-                while True:
-                    job = await manager.fetch_job(queues=[QUEUE], worker_id=warming)
-                    if job is None:
-                        return
-                    await manager.finish_job(job, Status.SUCCEEDED, delete_job=False)
-
-            await asyncio.gather(*(warm_agent() for _ in range(agents)))
-            await manager.unregister_worker(warming)
-        t0 = time.perf_counter()
-        ids = await noop.batch_defer_async(*({} for _ in range(jobs)))
-        enqueue_s = time.perf_counter() - t0
-        worker_id = await manager.register_worker()
-        fetch: list[float] = []
-        complete: list[float] = []
-        done: list[int] = []
         clock = time.perf_counter
 
-        async def agent() -> None:
+        async def agent(
+            worker_id: int, fetch: list[float], complete: list[float], done: list[int]
+        ) -> None:
             while True:
                 t0 = clock()
                 job = await manager.fetch_job(queues=[QUEUE], worker_id=worker_id)
@@ -112,9 +94,22 @@ async def _run(
                 assert job.id is not None
                 done.append(job.id)
 
+        if warmup:  # the same agents over `warmup` jobs first, their figures dropped
+            await noop.batch_defer_async(*({} for _ in range(warmup)))
+            warming = await manager.register_worker()
+            await asyncio.gather(*(agent(warming, [], [], []) for _ in range(agents)))
+            await manager.unregister_worker(warming)
+        t0 = time.perf_counter()
+        ids = await noop.batch_defer_async(*({} for _ in range(jobs)))
+        enqueue_s = time.perf_counter() - t0
+        worker_id = await manager.register_worker()
+        fetch: list[float] = []
+        complete: list[float] = []
+        done: list[int] = []
+
         cpu0, db0, host0 = time.process_time(), postgres_cpu(), host_cpu()
         start = clock()
-        await asyncio.gather(*(agent() for _ in range(agents)))
+        await asyncio.gather(*(agent(worker_id, fetch, complete, done) for _ in range(agents)))
         wall = clock() - start
         cpu, db_cpu = time.process_time() - cpu0, postgres_cpu() - db0
         host = host_share(host0, host_cpu())

@@ -41,6 +41,13 @@ def run(main: Callable[[], Any], db: PostgresDatabase) -> Any:
     return asyncio.run(main())
 
 
+def backend_pid(b: PostgresBackend) -> int:
+    """The PostgreSQL backend of the unit of work's connection."""
+    row = b.conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_units_run_in_the_loops_thread_and_wait_for_each_other_there(
     db: PostgresDatabase,
 ) -> None:
@@ -146,11 +153,6 @@ def test_after_a_restart_the_loops_pool_runs_the_unit_again_on_a_fresh_connectio
     seed(db, tracker, role, 2)
     retried = db.stats().figures["retries"]
 
-    def backend_pid(b: PostgresBackend) -> int:
-        row = b.conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        return int(row[0])
-
     async def main() -> Any:
         name = await db.read(lambda b: b.conn.execute("SELECT current_database()").fetchone())
         # The loop's pool now holds an idle connection that writes: PostgreSQL ends it.
@@ -178,14 +180,8 @@ def test_connections_made_on_one_loop_serve_the_next_and_close_with_the_database
     task of the pool outlives its loop), and closing the database closes them all."""
     database = PostgresDatabase(pg_shared_dsn)
     database.open()
-
-    def pid(b: PostgresBackend) -> int:
-        row = b.conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        return int(row[0])
-
-    first = run(lambda: database.write(pid), database)
-    second = run(lambda: database.write(pid), database)
+    first = run(lambda: database.write(backend_pid), database)
+    second = run(lambda: database.write(backend_pid), database)
     assert first == second
     database.close()
     with psycopg.connect(pg_shared_dsn) as conn:
@@ -326,11 +322,10 @@ def test_the_verbs_every_agent_sends_are_prepared_on_their_first_use(
     def prepared(b: PostgresBackend) -> tuple[int, int]:
         """This connection's backend, and its prepared statements that are claim_task."""
         row = b.conn.execute(
-            "SELECT pg_backend_pid(), count(*) FILTER (WHERE statement LIKE 'WITH candidate AS%%')"
-            " FROM pg_prepared_statements"
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH candidate AS%%'"
         ).fetchone()
         assert row is not None
-        return int(row[0]), int(row[1])
+        return backend_pid(b), int(row[0])
 
     async def main() -> list[tuple[int, int]]:
         # One loop, one unit at a time: every unit runs on the same connection of its pool.
