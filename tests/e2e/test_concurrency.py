@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pipeline, unique
+from tests.conftest import TEST_BACKEND, create_pipeline, unique
+from tests.e2e.test_metrics import scrape, value
 from tests.server import Client, Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.process]
@@ -272,3 +273,43 @@ def test_racing_claims_never_hand_one_task_to_two_agents(client: Client) -> None
     assert len(claimed) == tasks
     assert len(set(claimed)) == tasks
     assert got.count(204) == racers - tasks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_many_agents_of_one_server_each_keep_their_own_outcome(fresh_server: Server) -> None:
+    """Thirty-two agents (threads) at once on one server: on PostgreSQL the server sends their
+    claims, heartbeats, events and transitions that reach it in the same turn together, in one
+    commit (postgres.combine), and every task still ends done exactly once, each run with its
+    own one transition event."""
+    agents, tasks = 32, 640
+    client = fresh_server.client()
+    pipeline_id, role = simple_pipeline(client)
+    all_ids = bulk_create(client, pipeline_id, tasks)
+    results: list[dict[str, Any]] = []
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.append(agent_loop(fresh_server.port, f"agent-{i}", role))
+        )
+        for i in range(agents)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    unexpected = [u for res in results for u in res["unexpected"]]
+    assert len(results) == agents and unexpected == [], unexpected[:10]
+    completed = [task_id for res in results for task_id in res["completed"]]
+    assert sorted(completed) == sorted(all_ids), "a task was completed twice, or not at all"
+    runs = {task_id: run_id for res in results for task_id, run_id in res["runs"].items()}
+    assert verify_slice(fresh_server.port, sorted(runs.items())) == []
+
+    families = scrape(client)
+    if TEST_BACKEND == "postgres":
+        carried = value(families, "nulltickets_storage_combined_units_total")
+        commits = value(families, "nulltickets_storage_combined_commits_total")
+        assert commits > 0 and carried >= 4 * commits, (commits, carried)
+    else:  # SQLite's writer batches its own way (nulltickets_writer_batches_total)
+        assert "nulltickets_storage_combined_units" not in families
+    client.close()

@@ -27,12 +27,17 @@ from tests.pgserver import PostgresServer
 from tests.postgres.test_database import pipeline, seed
 
 
-@pytest.fixture
-def db(pg_shared_dsn: str) -> Iterator[PostgresDatabase]:
-    database = PostgresDatabase(pg_shared_dsn)
+def opened(dsn: str) -> Iterator[PostgresDatabase]:
+    """A PostgresDatabase on `dsn`, open for the test, closed after it."""
+    database = PostgresDatabase(dsn)
     database.open()
     yield database
     database.close()
+
+
+@pytest.fixture
+def db(pg_shared_dsn: str) -> Iterator[PostgresDatabase]:
+    yield from opened(pg_shared_dsn)
 
 
 def run(main: Callable[[], Any], db: PostgresDatabase) -> Any:

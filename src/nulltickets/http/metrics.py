@@ -165,6 +165,23 @@ STORAGE_FIGURES = {
         "Units of work run again on PostgreSQL: after a lost race, a serialization failure or "
         "a deadlock, or a connection that died before COMMIT.",
     ),
+    "combined_commits": (
+        "nulltickets_storage_combined_commits_total",
+        "counter",
+        "Commits on PostgreSQL that carried the one-statement writes of several requests "
+        "(sent in the same turn of the server's loop).",
+    ),
+    "combined_units": (
+        "nulltickets_storage_combined_units_total",
+        "counter",
+        "The requests' writes those commits carried (divided by them: the mean batch).",
+    ),
+    "combined_failures": (
+        "nulltickets_storage_combined_failures_total",
+        "counter",
+        "Batches PostgreSQL refused as a whole because one of their writes failed (each write "
+        "then ran on its own).",
+    ),
 }
 # Database.stats() histograms, where the backend has them: name -> (metric, help).
 STORAGE_HISTOGRAMS = {

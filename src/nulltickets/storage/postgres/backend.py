@@ -39,6 +39,7 @@ from nulltickets.storage.backend import (
     _run,
     _task,
 )
+from nulltickets.storage.postgres.combine import Result
 from nulltickets.storage.postgres.green import GreenConnection, GreenCursor
 from nulltickets.storage.queries import load_backend_queries
 
@@ -67,10 +68,12 @@ _stage_counts = msgspec.json.Decoder(list[tuple[str, int]])
 
 # Statements that are, when a unit of work that writes starts with them, that whole unit of
 # work: each then runs as its own transaction (autocommit), so PostgreSQL sees one message and
-# answers once, with no BEGIN and no COMMIT of their own. Each writes everything it writes in
-# itself, and what comes back says whether it wrote; when it did, the unit of work runs no
-# other statement (nothing after it could be in its transaction: the backend refuses to).
-# When one of them comes after another statement, it runs in that transaction, as any other.
+# answers once, with no BEGIN and no COMMIT of their own; or, from the event loop, in one
+# transaction with the other such units its requests sent in the same turn (postgres.combine).
+# Each writes everything it writes in itself, and what comes back says whether it wrote; when
+# it did, the unit of work runs no other statement (nothing after it could be in its
+# transaction: the backend refuses to). When one of them comes after another statement, it
+# runs in that transaction, as any other.
 ALONE = frozenset(
     {
         "create_task",
@@ -147,7 +150,7 @@ class PostgresBackend(Backend):
         # Idempotency-Key, the wake-ups), sent with the unit's COMMIT (commit_script).
         self.with_commit: list[tuple[str, dict[str, Any]]] = []
 
-    def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any] | GreenCursor:
+    def _cur(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any] | GreenCursor | Result:
         sql: LiteralString = Q[name]
         conn = self.conn
         if self.committed_alone is not None:
@@ -168,10 +171,11 @@ class PostgresBackend(Backend):
         if name in ALONE:  # each refuses to change anything without the key, when one is named
             params = {**params, "key_id": self.unconfirmed_key if alone else None}
         if alone:  # its own transaction: the connection is in autocommit mode
-            # Prepared on its first use on this connection, not its sixth (psycopg's default):
-            # these are the verbs every agent sends, and until then each run of the claim or
-            # the transition is parsed and planned again (milliseconds of PostgreSQL's CPU).
-            cur = conn.execute(sql, params, prepare=True)
+            cur: psycopg.Cursor[Any] | GreenCursor | Result
+            if isinstance(conn, GreenConnection):  # with the loop's others: postgres.combine
+                cur = conn.execute_alone(sql, params)
+            else:  # prepared on its first use: see combine._alone
+                cur = conn.execute(sql, params, prepare=True)
             self.committed_alone = name  # until its caller sees that it wrote nothing
             return cur
         self.begin()

@@ -51,6 +51,7 @@ from nulltickets.storage.dsn import display_name, redact
 from nulltickets.storage.ports import Capabilities, StorageStats
 from nulltickets.storage.postgres import green
 from nulltickets.storage.postgres.backend import LostRace, PostgresBackend, Q, SecondStatement
+from nulltickets.storage.postgres.combine import Combiner
 from nulltickets.storage.postgres.green import GreenConnection
 from nulltickets.storage.postgres.migrate import migrate, migrations
 from nulltickets.storage.postgres.notifier import PostgresNotifier
@@ -175,6 +176,7 @@ class PostgresDatabase:
         self._loop_write = LoopPool(self._connect_writer, self._writers)
         self._loop_read = LoopPool(self._connect_reader, self._readers)
         self._notifier = PostgresNotifier(url)
+        self._combiner = Combiner(connection_lost)
         self._rand = random.Random()
         self._lock = threading.Lock()
         # The kinds of read seen to run more than one statement, and how many more of their
@@ -265,10 +267,17 @@ class PostgresDatabase:
         return conn
 
     def stats(self) -> StorageStats:
-        """What /metrics shows for this process: the units of work retried and the time of
-        each commit (no WAL checkpoints nor batches here: those are PostgreSQL's own)."""
+        """What /metrics shows for this process: the units of work retried, the one-statement
+        ones committed together (postgres.combine) and the time of each commit (no WAL
+        checkpoints here: those are PostgreSQL's own)."""
         return StorageStats(
-            {"retries": float(self.retries)}, {"commit_duration_seconds": self.commit_durations}
+            {
+                "retries": float(self.retries),
+                "combined_commits": float(self._combiner.commits),
+                "combined_units": float(self._combiner.units),
+                "combined_failures": float(self._combiner.failures),
+            },
+            {"commit_duration_seconds": self.commit_durations},
         )
 
     def schema_version(self) -> tuple[int, int]:
@@ -289,7 +298,7 @@ class PostgresDatabase:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 async with pool.connection() as conn:
-                    backend = PostgresBackend(GreenConnection(conn), writing=True)
+                    backend = PostgresBackend(GreenConnection(conn, self._combiner), writing=True)
                     try:
                         result: T = await green.run(_unit, job, backend)
                         tail = backend.commit_script()

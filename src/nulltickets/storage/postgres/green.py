@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import greenlet
 import psycopg
 
+from nulltickets.storage.postgres.combine import Combiner, Result
+
 T = TypeVar("T")
 
 
@@ -125,10 +127,13 @@ class GreenCursor:
 class GreenConnection:
     """What a PostgresBackend uses of a connection, over psycopg's AsyncConnection."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_combiner", "_conn")
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], combiner: Combiner | None = None
+    ) -> None:
         self._conn = conn
+        self._combiner = combiner
 
     @property
     def info(self) -> Any:
@@ -146,6 +151,14 @@ class GreenConnection:
         self, query: Any, params: Any = None, *, prepare: bool | None = None
     ) -> GreenCursor:
         return GreenCursor(wait(self._conn.execute(query, params, prepare=prepare)))
+
+    def execute_alone(self, query: Any, params: Any) -> GreenCursor | Result:
+        """`query` as a whole unit of work (the connection is in autocommit mode and idle),
+        committed with the other requests of this turn of the loop (postgres.combine)."""
+        if self._combiner is None:
+            return GreenCursor(wait(self._conn.execute(query, params, prepare=True)))
+        done = wait(self._combiner.execute(self._conn, query, params))
+        return done if isinstance(done, Result) else GreenCursor(done)
 
     def mogrify(self, query: Any, params: Any) -> str:
         """`query` with `params` bound by the driver (no I/O): see PostgresBackend._script."""
