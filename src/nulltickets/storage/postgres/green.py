@@ -155,8 +155,8 @@ class GreenConnection:
     def execute_alone(self, query: Any, params: Any) -> GreenCursor | Result:
         """`query` as a whole unit of work (the connection is in autocommit mode and idle),
         committed with the other requests of this turn of the loop (postgres.combine)."""
-        if self._combiner is None:
-            return GreenCursor(wait(self._conn.execute(query, params, prepare=True)))
+        if self._combiner is None:  # only the connections of writes have one (database.py)
+            raise RuntimeError("a statement of ALONE on a connection that does not write")
         done = wait(self._combiner.execute(self._conn, query, params))
         return done if isinstance(done, Result) else GreenCursor(done)
 
