@@ -1291,6 +1291,11 @@ CROSS JOIN LATERAL (
             EXISTS (SELECT 1 FROM task_dependencies AS d JOIN tasks AS u ON u.id = d.depends_on_task_id LEFT JOIN pipeline_stages AS us ON us.pipeline_id = u.pipeline_id AND us.stage = u.stage WHERE d.task_id = t.id AND NOT coalesce(us.terminal, false)) AS blocked
         FROM tasks AS t
         WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+        -- The order of idx_tasks_pipeline_stage_page: PostgreSQL cannot know how many tasks
+        -- a stage named by a row of s holds, and takes each stage for an equal share of all
+        -- tasks. With few stages that share is large, and it scanned the whole table once
+        -- per stage (63 ms at 300,000 finished tasks); read in the index's order, 1 ms.
+        ORDER BY t.pipeline_id, t.stage, t.created_at_ms, t.id
     ) AS x
 ) AS c
 WHERE s.agent_role IS NOT NULL
