@@ -1175,9 +1175,10 @@ LIMIT :limit;
 -- come as two columns (SQLite packs them into one JSON array to get both from one walk of its
 -- index; a LATERAL subquery does that here): (role, claimable, oldest, failed, stuck, near),
 -- then the stage's pipeline_id and stage.
--- Nor in cost: PostgreSQL has no INDEXED BY, and where a stage's share of all tasks looks
--- large to its planner (few pipelines and stages, most tasks finished) it counts by scanning
--- the tasks instead of walking idx_tasks_claim; an /ops/queue read, not a claim, pays that.
+-- Nor in cost: PostgreSQL has no INDEXED BY, and takes each stage for an equal share of all
+-- tasks. The claimable count walks the stage's tasks in the order of
+-- idx_tasks_pipeline_stage_page, which its planner then prefers to a scan of every task; the
+-- failed count is left to it (a scan of the runs by status where finished tasks are many).
 SELECT
     s.agent_role,
     c.claimable,
@@ -1209,7 +1210,18 @@ SELECT
 FROM pipeline_stages AS s
 CROSS JOIN LATERAL (
     SELECT count(*) AS claimable, min(t.created_at_ms) AS oldest
-    FROM tasks AS t
+    FROM (
+        -- The stage's tasks in the order of idx_tasks_pipeline_stage_page, planned apart
+        -- (OFFSET 0) from the conditions below: PostgreSQL cannot know how many tasks a stage
+        -- named by a row of s holds, and with the conditions folded in it chose a scan of
+        -- every task once per stage; this is an index walk.
+        SELECT t.id, t.pipeline_id, t.stage, t.dead_letter_reason, t.next_eligible_at_ms,
+            t.created_at_ms
+        FROM tasks AS t
+        WHERE t.pipeline_id = s.pipeline_id AND t.stage = s.stage
+        ORDER BY t.pipeline_id, t.stage, t.created_at_ms, t.id
+        OFFSET 0
+    ) AS t
     WHERE {ready_in_stage}
         AND NOT EXISTS ({run_of_t_running})  -- left to the planner: a hash anti-join, for all
 ) AS c
