@@ -283,19 +283,20 @@ def test_two_servers_claims_and_lease_writes_never_deadlock(
         admin.close()
         before = deadlocks(dsn)
 
+        # Leases that expire while the agents work, one every 100 ms: every claim's reaper pass,
+        # on either server, ends them and the tasks come back to be claimed. Taken before the
+        # agents start: taken among them, a claim found nothing left once they were quick.
+        abandoned = [started[i % 2].client() for i in range(2)]
+        for i in range(ABANDONED):
+            ttl = SHORT_TTL_MS + 100 * i
+            claim = {"agent_id": f"gone-{i}", "agent_role": role, "lease_ttl_ms": ttl}
+            r = abandoned[i % 2].post("/leases/claim", claim)
+            assert r.status == 200, r.body
+        for c in abandoned:
+            c.close()
         agents = [Cycler(f"agent-{i}", role, started[i % 2]) for i in range(AGENTS)]
         for agent in agents:
             agent.start()
-        # Leases that expire while the agents work: every claim's reaper pass, on either
-        # server, ends them and the tasks come back to be claimed.
-        abandoned = [started[i % 2].client() for i in range(2)]
-        for i in range(ABANDONED):
-            claim = {"agent_id": f"gone-{i}", "agent_role": role, "lease_ttl_ms": SHORT_TTL_MS}
-            r = abandoned[i % 2].post("/leases/claim", claim)
-            assert r.status == 200, r.body
-            time.sleep(0.1)
-        for c in abandoned:
-            c.close()
 
         def done() -> int:
             return int(rows(dsn, "SELECT count(*) FROM tasks WHERE stage = 'done'")[0][0])
