@@ -310,6 +310,12 @@ def test_an_orphaned_stopped_process_group_ends_on_the_kernels_sighup(server: Se
         processes = [job, *descendants(job)]
         assert len(processes) >= 2
         os.killpg(job, signal.SIGSTOP)  # Ctrl-Z: the whole job is stopped
+        # The kernel hangs up an orphaned group only if one of its processes has stopped by
+        # then, and a signal's stop is not immediate: wait for it, as a shell's `jobs` would.
+        deadline = time.monotonic() + 20
+        while not all(_stopped(pid) for pid in processes):
+            assert time.monotonic() < deadline, "the job did not stop"
+            time.sleep(0.02)
         shell.stdin.close()  # the shell goes: its stopped job is orphaned
         shell.wait(10)
         assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
@@ -325,6 +331,19 @@ def test_an_orphaned_stopped_process_group_ends_on_the_kernels_sighup(server: Se
             shell.wait()
         shell.stdout.close()
     _serves_again(server)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` is stopped (state T), where /proc tells, else by
+    `ps`."""
+    threads = Path(f"/proc/{pid}/task")
+    if not threads.is_dir():
+        ps = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+        return ps.stdout.strip().startswith("T")
+    return all(
+        (threads / tid / "stat").read_text().split(") ", 1)[1][0] == "T"
+        for tid in os.listdir(threads)
+    )
 
 
 def _healthy_port(port: int) -> bool:
