@@ -215,7 +215,7 @@ class Server:
             for pid in frozen:  # grows while it runs: each stopped process's children
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGSTOP)
-                _wait_stopped(pid)
+                wait_stopped(pid)
                 frozen.extend(c for c in _children(pid) if c not in frozen)
             for pid in frozen:
                 with contextlib.suppress(ProcessLookupError):
@@ -226,14 +226,46 @@ class Server:
         return killed
 
 
-def granian_workers(server: Server) -> list[int]:
-    """The server's worker processes: the children of granian's main process, which is the
-    server's process itself, or under a standalone binary the child of its onefile bootstrap."""
+def program_process(pid: int) -> int:
+    """The process that runs our code for a command started as `pid`: `pid` itself, or under
+    a standalone binary the child of its onefile bootstrap."""
+    if not os.environ.get("NULLTICKETS_BINARY"):
+        return pid
+    deadline = time.monotonic() + 10
+    while not (children := _children(pid)):
+        assert time.monotonic() < deadline, f"the bootstrap {pid} started no child"
+        time.sleep(0.02)
+    return children[0]
+
+
+def granian_main(server: Server) -> int:
+    """granian's main process: the server's own process (under a binary, the bootstrap's
+    child)."""
     assert server.proc is not None
-    mains = [server.proc.pid]
-    if os.environ.get("NULLTICKETS_BINARY"):
-        mains = _children(server.proc.pid)
-    return [w for m in mains for w in _children(m)]
+    return program_process(server.proc.pid)
+
+
+def granian_workers(server: Server) -> list[int]:
+    """The server's worker processes: the children of granian's main process."""
+    return _children(granian_main(server))
+
+
+def signal_another_thread(pid: int, signum: int) -> int:
+    """Send `signum` to a thread of process `pid` other than its main thread (the first one
+    started after it), as the kernel does with a signal for the process when the main thread
+    cannot take it; returns that thread's id. Needs Linux and a libc with tgkill."""
+    import ctypes
+
+    import pytest
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if not sys.platform.startswith("linux") or tgkill is None:
+        pytest.skip("a signal to one thread of another process needs Linux's tgkill")
+    others = sorted(int(t.name) for t in Path(f"/proc/{pid}/task").iterdir() if t.name != str(pid))
+    assert others, f"process {pid} has no thread but its main one"
+    if tgkill(pid, others[0], signum) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {others[0]}, {signum})")
+    return others[0]
 
 
 def alive(pid: int) -> bool:
@@ -250,17 +282,22 @@ def alive(pid: int) -> bool:
         return not sys.platform.startswith("linux")  # gone meanwhile; elsewhere, kill(0) said so
 
 
-def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
-    """Until `pid` is stopped or gone (Linux; elsewhere a short pause)."""
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Until every thread of `pid` is stopped, or it is gone (Linux; elsewhere a short pause).
+    A signal's stop is not immediate, and a process counts as stopped only once all its
+    threads are."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+            states = [
+                (task / "stat").read_text().split(") ", 1)[1][0]
+                for task in Path(f"/proc/{pid}/task").iterdir()
+            ]
         except (OSError, IndexError):
             if not sys.platform.startswith("linux"):
                 time.sleep(0.05)
             return
-        if state in "TtZX":
+        if all(state in "TtZX" for state in states):
             return
         time.sleep(0.002)
 

@@ -12,7 +12,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import cast
 
 PR_SET_PDEATHSIG = 1
@@ -42,6 +43,45 @@ def exit_after(seconds: float) -> None:
         os._exit(1)
 
     threading.Thread(target=leave, name="nulltickets-exit-deadline", daemon=True).start()
+
+
+def relay_signals(
+    handler: Callable[[int, FrameType | None], object], signals: Iterable[int] = STOP_SIGNALS
+) -> None:
+    """Also run `handler` for `signals` from a thread of its own, as soon as one arrives.
+
+    The kernel gives a process's signal to any of its threads that can take it, not always the
+    main thread: not while the main thread is stopped (a stopped job sent SIGTERM by `kill %1`,
+    or hung up as an orphaned group), nor while it has a signal pending. Python runs its
+    handlers only in the main thread, when it next runs code, and a main thread waiting on a
+    lock without a timeout (granian's main loop) would then never run it. Python writes each
+    signal's number to the wakeup fd from whichever thread took it; the relay reads it there.
+    The main thread's handler still runs when it wakes: `handler` must bear a second call.
+    Call it from the main thread once the handlers are set; it does nothing where there is no
+    such fd (Windows, where the main thread takes every signal) or one is already in use."""
+    if sys.platform == "win32":
+        return
+    wanted = frozenset(int(s) for s in signals)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        previous = -2
+    if previous != -1:  # someone else's (an event loop's), or not ours to set
+        if previous >= 0:
+            signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return
+
+    def relay() -> None:
+        while True:
+            for signum in os.read(read, 64):
+                if signum in wanted:
+                    handler(signum, None)
+
+    threading.Thread(target=relay, name="nulltickets-signals", daemon=True).start()
 
 
 @functools.cache

@@ -26,8 +26,11 @@ from tests.server import (
     alive,
     descendants,
     free_port,
+    granian_main,
     granian_workers,
     server_command,
+    signal_another_thread,
+    wait_stopped,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.process]
@@ -274,6 +277,23 @@ def test_sighup_to_the_main_process_stops_every_process_of_the_server(server: Se
     _serves_again(server)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_taken_by_another_thread_of_the_main_process_stops_the_server(
+    server: Server, signum: int
+) -> None:
+    """The kernel gives a signal for a process to a thread other than the main one when the
+    main thread cannot take it: stopped (`kill %1` on a stopped job sends SIGTERM, then
+    SIGCONT), or with a signal already pending. granian's main thread waits without a timeout,
+    so the server must act on the signal without it."""
+    main = granian_main(server)
+    processes = [main, *descendants(main)]
+    assert len(processes) >= 2
+    signal_another_thread(main, signum)
+    assert all(_wait_gone(pid, 10) for pid in processes), [p for p in processes if alive(p)]
+    assert _nothing_serves(server.port)
+    _serves_again(server)
+
+
 # Starts the server in a process group of its own inside this process's session (a shell's
 # job), prints the server's pid, and exits when its stdin is closed.
 JOB_CONTROL_SHELL = """
@@ -312,10 +332,8 @@ def test_an_orphaned_stopped_process_group_ends_on_the_kernels_sighup(server: Se
         os.killpg(job, signal.SIGSTOP)  # Ctrl-Z: the whole job is stopped
         # The kernel hangs up an orphaned group only if one of its processes has stopped by
         # then, and a signal's stop is not immediate: wait for it, as a shell's `jobs` would.
-        deadline = time.monotonic() + 20
-        while not all(_stopped(pid) for pid in processes):
-            assert time.monotonic() < deadline, "the job did not stop"
-            time.sleep(0.02)
+        for pid in processes:
+            wait_stopped(pid, 20)
         shell.stdin.close()  # the shell goes: its stopped job is orphaned
         shell.wait(10)
         assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
@@ -331,19 +349,6 @@ def test_an_orphaned_stopped_process_group_ends_on_the_kernels_sighup(server: Se
             shell.wait()
         shell.stdout.close()
     _serves_again(server)
-
-
-def _stopped(pid: int) -> bool:
-    """Whether every thread of process `pid` is stopped (state T), where /proc tells, else by
-    `ps`."""
-    threads = Path(f"/proc/{pid}/task")
-    if not threads.is_dir():
-        ps = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
-        return ps.stdout.strip().startswith("T")
-    return all(
-        (threads / tid / "stat").read_text().split(") ", 1)[1][0] == "T"
-        for tid in os.listdir(threads)
-    )
 
 
 def _healthy_port(port: int) -> bool:

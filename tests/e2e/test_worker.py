@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import create_pipeline, unique, wait_for
-from tests.server import Client, Server, alive, descendants, server_command
+from tests.server import (
+    Client,
+    Server,
+    alive,
+    descendants,
+    program_process,
+    server_command,
+    signal_another_thread,
+)
 
 pytestmark = pytest.mark.process
 
@@ -318,6 +326,34 @@ def gone_within(pids: list[int], seconds: float = 5.0) -> None:
 def one_task(client: Client, pipeline: str, **fields: Any) -> str:
     body = {"pipeline_id": pipeline, "title": "t", "description": "", **fields}
     return str(client.post("/tasks", body).json["id"])
+
+
+@posix_only
+def test_a_sigterm_taken_by_another_thread_of_the_worker_stops_it_at_once(
+    client: Client, shared_server: Server, tmp_path: Path
+) -> None:
+    """The kernel gives a signal for a process to a thread other than the main one when the
+    main thread cannot take it (stopped, or with a signal pending). While a command runs, the
+    worker's main thread waits until the lease needs renewing: the stop must not wait for it."""
+    pipeline, role = role_pipeline(client)
+    task_id = one_task(client, pipeline)
+    pid_file = tmp_path / "sleep.pid"
+    w = worker(shared_server, role, background_sleep(pid_file), "--agent-id", unique("w"))
+    sleeper = pid_in(pid_file)
+    ours = descendants(w.pid)
+    assert sleeper in ours
+    try:
+        signal_another_thread(program_process(w.pid), signal.SIGTERM)
+        _, err = w.communicate(timeout=30)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.communicate()
+    assert w.returncode == 0, err.decode()
+    gone_within(ours)
+    task = client.get(f"/tasks/{task_id}").json
+    assert task["latest_run"]["status"] == "released"
+    assert task["previous_failures"] == []
 
 
 @posix_only

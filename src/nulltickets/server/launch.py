@@ -14,7 +14,7 @@ import msgspec
 
 from nulltickets import __version__, core, logs
 from nulltickets.config import ENV_SETTINGS, ConfigError, Settings
-from nulltickets.lifetime import STOP_SIGNALS, exit_after
+from nulltickets.lifetime import STOP_SIGNALS, exit_after, relay_signals
 from nulltickets.server import capacity
 
 # granian's access line without its own local-time stamp: every record carries ours.
@@ -220,7 +220,8 @@ def take_stop_signals() -> None:
     """In granian's main process, once granian has set its signal handlers (a startup hook):
     SIGHUP stops the server like SIGTERM, where granian would respawn the worker and serve on,
     and every stop signal also arms a deadline, so the process is gone in
-    MAIN_SHUTDOWN_DEADLINE_S even if its own shutdown hangs."""
+    MAIN_SHUTDOWN_DEADLINE_S even if its own shutdown hangs. granian's main thread waits
+    without a timeout, so a signal the kernel gives to another thread is relayed at once."""
     stop = signal.getsignal(signal.SIGTERM)
     if not callable(stop):  # not granian's handler: leave the signals as they are
         return
@@ -231,3 +232,4 @@ def take_stop_signals() -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop_within_deadline)
+    relay_signals(stop_within_deadline)

@@ -72,6 +72,7 @@ from nulltickets.client import (
 )
 from nulltickets.config import ConfigError, parse_duration
 from nulltickets.domain.model import ClaimResult
+from nulltickets.lifetime import relay_signals
 from nulltickets.worker.channel import MAX_REASON, Choice, Fail, Lease, RunDirectory
 from nulltickets.worker.process_group import ProcessGroup
 
@@ -607,6 +608,9 @@ def run_worker(options: WorkerOptions) -> int:
     worker = Worker(options)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
+    # The main thread waits up to a lease's renewal while a command runs: a signal the kernel
+    # gives to another thread must not wait for it.
+    relay_signals(worker.stop, (signal.SIGTERM, signal.SIGINT))
     worker.log(f"claiming tasks for role {options.role!r} from {options.base_url}")
     started = time.monotonic()
     code = worker.run()
