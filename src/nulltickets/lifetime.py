@@ -5,6 +5,7 @@ doing."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -81,6 +82,13 @@ def relay_signals(
                 if signum in wanted:
                     handler(signum, None)
 
+    def forget() -> None:  # in a forked child (granian's worker): no relay there, nor its fd
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        os.close(read)
+        os.close(write)
+
+    os.register_at_fork(after_in_child=forget)
     threading.Thread(target=relay, name="nulltickets-signals", daemon=True).start()
 
 
