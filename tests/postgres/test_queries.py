@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -140,3 +141,50 @@ def test_failures_are_read_from_their_own_partial_indexes_never_from_all_tasks(
         plan = "\n".join(row[0] for row in rows)
     assert "Seq Scan on tasks" not in plan, plan
     assert any(index in plan for index in FAILURE_INDEXES), plan
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_the_queues_failed_count_reads_only_the_failed_runs(
+    pg_dsn: str, plan_cache_mode: str
+) -> None:
+    """GET /ops/queue counts a role stage's failed and expired attempts through
+    idx_runs_failed (migration 0007), which holds only them: never a read of every run, which
+    grows with every finished task."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO pipelines (id, name, definition_json, created_at_ms)"
+            " VALUES ('p', 'p', '{}', 0)"
+        )
+        conn.execute(
+            "INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)"
+            " VALUES ('p', 'todo', 'worker', false), ('p', 'done', NULL, true)"
+        )
+        # 5,000 finished tasks, each with the run that completed it; 50 waiting ones, 20 of
+        # them after a failed attempt and 5 after an expired one.
+        conn.execute(
+            "INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms,"
+            " updated_at_ms)"
+            " SELECT CASE WHEN g <= 50 THEN 'w' ELSE 'd' END || g, 'p',"
+            " CASE WHEN g <= 50 THEN 'todo' ELSE 'done' END, 't', '', g, g"
+            " FROM generate_series(1, 5050) AS g"
+        )
+        conn.execute(
+            "INSERT INTO runs (id, task_id, attempt, status, started_at_ms, ended_at_ms)"
+            " SELECT 'r' || g, CASE WHEN g <= 50 THEN 'w' ELSE 'd' END || g, 1,"
+            " CASE WHEN g <= 20 THEN 'failed' WHEN g <= 25 THEN 'stale' ELSE 'completed' END,"
+            " g, g FROM generate_series(1, 5050) AS g WHERE g > 50 OR g <= 25"
+        )
+        conn.execute("ANALYZE tasks")
+        conn.execute("ANALYZE runs")
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+        sql, names = numbered(Q["queue_counts"])
+        conn.execute(f"PREPARE q AS {sql}")
+        values = {"now": 10_000, "stuck_before": 0, "near_expiry_before": 20_000}
+        args = ", ".join(str(values[n]) for n in names)
+        plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE q({args})"))
+        row = conn.execute(f"EXECUTE q({args})").fetchone()
+    assert row is not None
+    # (role, claimable, oldest, failed, stuck, near): 25 of the 50 waiting tasks hold a run.
+    assert json.loads(row[2]) == [["worker", 50, 1, 25, 0, 0]]
+    assert "idx_runs_failed" in plan, plan
+    assert "Seq Scan on runs" not in plan, plan

@@ -1178,7 +1178,8 @@ LIMIT :limit;
 -- Nor in cost: PostgreSQL has no INDEXED BY, and takes each stage for an equal share of all
 -- tasks. The claimable count walks the stage's tasks in the order of
 -- idx_tasks_pipeline_stage_page, which its planner then prefers to a scan of every task; the
--- failed count is left to it (a scan of the runs by status where finished tasks are many).
+-- failed count joins them to idx_runs_failed (migration 0007), which holds only the failed and
+-- expired runs, never all of them.
 SELECT
     s.agent_role,
     c.claimable,
