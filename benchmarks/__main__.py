@@ -17,7 +17,8 @@ Sections (--sections picks some, comma-separated; all by default):
               cycle; then the capacity model drawn from those costs (a throwaway cluster of
               its own; --postgres-figures writes this part for the docs)
   backlog     claim latency with 1,000 vs 100,000 tasks (mostly done) and 100,000 waiting
-  ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks
+  ops_queue   GET /ops/queue with 100 vs 100,000 finished tasks (each with its run, 20
+              waiting after a failed attempt), on SQLite and on PostgreSQL
   idle        idle long-poll agents, idle event streams and a /metrics scrape: server CPU
   fleet       16 working agents alone, then beside 5,000 waiting long-poll claims and 500 event
               streams: their latency, the crowd's task answered and taken, memory per waiter
@@ -183,6 +184,31 @@ def cycle_with_baseline(
     return rows, info
 
 
+def ops_queue_postgres(work: Path, big: int, calls: int) -> dict[str, Any]:
+    """GET /ops/queue on PostgreSQL, with the same databases as SQLite's (each in a throwaway
+    cluster's database), or why it was not measured."""
+    from benchmarks.pgcluster import PostgresUnavailable, start_postgres
+
+    try:
+        import psycopg
+
+        cluster = start_postgres()
+    except (ImportError, PostgresUnavailable) as exc:
+        return {"error": str(exc)}
+    ops: dict[str, Any] = {}
+    with closing_cluster(cluster):
+        for n in (100, big):
+            dsn = cluster.dsn(cluster.create_database())
+            seed_database(dsn, done=n, waiting=20, history=True)
+            # What autovacuum leaves within its first minute: the runs' dead versions (each was
+            # written running, then ended) gone from the indexes, and the planner's statistics.
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")
+            ops[str(n)] = measure_ops_queue(dsn, calls, log=work / f"ops-pg-{n}.log")
+    ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
+    return ops
+
+
 @contextlib.contextmanager
 def closing_cluster(cluster: Any) -> Iterator[Any]:
     try:
@@ -314,15 +340,15 @@ def main(argv: list[str] | None = None) -> int:
             print("Backlog scaling", flush=True)
             claims = 40 if quick else 300
             ready = claims + 50  # enough ready tasks for every measured claim
-            scenarios = {
-                f"{small}_total": dict(done=small - ready, waiting=ready),
-                f"{big}_mostly_done": dict(done=big - ready, waiting=ready),
-                f"{big}_waiting": dict(done=0, waiting=big),
+            scenarios = {  # (finished, waiting)
+                f"{small}_total": (small - ready, ready),
+                f"{big}_mostly_done": (big - ready, ready),
+                f"{big}_waiting": (0, big),
             }
             backlog: dict[str, Any] = {}
-            for name, shape in scenarios.items():
+            for name, (done, waiting) in scenarios.items():
                 db = work / f"backlog-{name}.db"
-                seed_database(db, **shape)
+                seed_database(db, done=done, waiting=waiting)
                 backlog[name] = measure_claims(db, claims=claims)
             base = backlog[f"{small}_total"]["claim_p50_ms"]
             backlog["ratio_mostly_done"] = round(
@@ -334,12 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         if "ops_queue" in sections:
             print("/ops/queue", flush=True)
             ops: dict[str, Any] = {}
+            calls = 20 if quick else 200
             for n in (100, big):
                 db = work / f"ops-{n}.db"
-                seed_database(db, done=n, waiting=20)
-                ops[str(n)] = measure_ops_queue(db, calls=20 if quick else 200)
+                seed_database(db, done=n, waiting=20, history=True)
+                ops[str(n)] = measure_ops_queue(db, calls=calls)
             ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
             results["ops_queue"] = ops
+            results["ops_queue_postgres"] = ops_queue_postgres(work, big, calls)
 
         if "idle" in sections:
             print("Idle long-poll agents", flush=True)
@@ -564,11 +592,16 @@ def render(r: dict[str, Any]) -> str:
             f"\nBacklog ratio (mostly done / small): {b['ratio_mostly_done']}; "
             f"(all waiting / small): {b['ratio_waiting']}"
         )
-    if "ops_queue" in r:
-        o = r["ops_queue"]
+    for key, engine in (("ops_queue", "SQLite"), ("ops_queue_postgres", "PostgreSQL")):
+        if key not in r:
+            continue
+        o = r[key]
+        if "error" in o:
+            lines.append(f"/ops/queue on {engine}: not measured ({o['error']})")
+            continue
         sizes = [k for k in o if k != "ratio"]
         lines.append(
-            "/ops/queue p50: "
+            f"/ops/queue p50 on {engine}: "
             + ", ".join(f"{k} finished tasks {o[k]['p50_ms']:.2f} ms" for k in sizes)
             + f" (ratio {o['ratio']})"
         )

@@ -16,13 +16,15 @@ from nulltickets.domain.clock import wall_ms as now_ms
 from nulltickets.domain.commands import CreatePipeline
 from nulltickets.service import Tracker
 from nulltickets.storage.backend import Backend, NewTask
-from nulltickets.storage.sqlite.database import SqliteDatabase
+from nulltickets.storage.factory import open_database
 
 
-def seed_database(db: Path, *, done: int, waiting: int) -> str:
-    """A pipeline todo -> done (role `worker`) with `done` finished and `waiting` ready tasks."""
-    database = SqliteDatabase(str(db))
-    database.open()
+def seed_database(db: Path | str, *, done: int, waiting: int, history: bool = False) -> str:
+    """A pipeline todo -> done (role `worker`) with `done` finished and `waiting` ready tasks,
+    in a SQLite file or a PostgreSQL database (`db` a URL). With `history`, each finished task
+    has the run that completed it and every waiting task one failed attempt, as a server that
+    worked through them would have left them."""
+    database = open_database(str(db))
     tracker = Tracker()
     definition = msgspec.Raw(msgspec.json.encode(PIPELINE))
 
@@ -32,8 +34,19 @@ def seed_database(db: Path, *, done: int, waiting: int) -> str:
         start = now - 86_400_000
         # Through the Backend protocol (any backend), one prepared statement for every row.
         stages = ["done"] * done + ["todo"] * waiting
+        runs: list[tuple[str, str, int]] = []
         for i, stage in enumerate(stages):
-            b.insert_task(NewTask(str(uuid.uuid4()), pipeline, stage, "seeded", start + i))
+            task = str(uuid.uuid4())
+            b.insert_task(NewTask(task, pipeline, stage, "seeded", start + i))
+            if history:
+                run = str(uuid.uuid4())
+                b.insert_run(run, task, "seeded", "worker", start + i, str(uuid.uuid4()))
+                runs.append((run, stage, start + i))
+        # Ended once all are in: PostgreSQL plans the statement for a table of their size (it
+        # keeps the plan it made first, and a plan made for an empty table reads every row).
+        for run, stage, at in runs:
+            ended, error = ("completed", None) if stage == "done" else ("failed", "seeded")
+            b.end_run(run, ended, "{}", error, at)
         return pipeline
 
     try:
@@ -82,9 +95,9 @@ def measure_claims(db: Path, claims: int) -> dict[str, float]:
     }
 
 
-def measure_ops_queue(db: Path, calls: int) -> dict[str, float]:
+def measure_ops_queue(db: Path | str, calls: int, log: Path | None = None) -> dict[str, float]:
     latencies: list[float] = []
-    with BenchServer(db) as server:
+    with BenchServer(db, log=log) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         for _ in range(calls):
             t0 = time.perf_counter()
