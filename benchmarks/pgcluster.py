@@ -4,10 +4,11 @@ section and the tests' session server (tests/pgserver.py) are both this one.
 It runs from the distribution's packages (scripts/postgres.sh install; `make test` and
 `make bench` do that) in a temporary data directory, listening on a free port of 127.0.0.1
 and on a unix socket in that directory, with fsync on, and is stopped (fast shutdown) and
-removed at the end. initdb refuses to run as root, so as root the cluster belongs to the
-`postgres` user the package creates. When PostgreSQL cannot be found or started,
-PostgresUnavailable says why in one line and the caller reports that line (the tests fail
-with it, the benchmark prints it in its rows).
+removed at the end. If its caller ends without stopping it (SIGTERM, SIGKILL, a crash), a
+guard process of its own (benchmarks/pgguard.py) does that instead. initdb refuses to run as
+root, so as root the cluster belongs to the `postgres` user the package creates. When
+PostgreSQL cannot be found or started, PostgresUnavailable says why in one line and the caller
+reports that line (the tests fail with it, the benchmark prints it in its rows).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -79,6 +81,7 @@ class PostgresServer:
         self.log = self.root / "server.log"
         self.port = 0
         self._as: dict[str, Any] = {}
+        self.guard: subprocess.Popen[bytes] | None = None
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             import pwd
 
@@ -110,6 +113,7 @@ class PostgresServer:
             raise PostgresUnavailable(f"{Path(args[0]).name} failed: {tail}")
 
     def start(self) -> PostgresServer:
+        self._start_guard()
         self._run(
             str(self.bindir / "initdb"),
             "-D", str(self.data),
@@ -131,6 +135,31 @@ class PostgresServer:
                     ) from None
         self.wait_until_ready()
         return self
+
+    def _start_guard(self) -> None:
+        """benchmarks/pgguard.py: it ends the cluster and removes its directory if this process
+        ends without calling stop() (killed, or a crash), as nothing else would."""
+        if os.name == "nt" or self.guard is not None:
+            return
+        self.guard = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("pgguard.py")),
+                str(os.getpid()),
+                str(self.data),
+                str(self.root),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to this process's group leaves it its work
+        )
+
+    def _end_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.kill()
+            self.guard.wait()
+            self.guard = None
 
     def last_log_line(self) -> str:
         try:
@@ -228,6 +257,7 @@ class PostgresServer:
         if (self.data / "postmaster.pid").exists():
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
+        self._end_guard()
 
     def dsn(self, dbname: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"

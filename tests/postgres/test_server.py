@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,3 +49,49 @@ def test_tests_needing_postgres_fail_with_the_reason_when_it_cannot_start() -> N
         "initdb: cannot create directory: no space"
     ) in out
     assert "1 error" in out and "skipped" not in out
+
+
+STARTER = """
+import sys
+from benchmarks.pgcluster import start_postgres
+
+server = start_postgres()
+pid = (server.data / "postmaster.pid").read_text().split()[0]
+print(server.root, pid, flush=True)
+sys.stdin.read()  # until the test kills this process; stop() is never called
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_cluster_whose_starter_is_killed_is_ended_and_removed(signum: int) -> None:
+    """PostgreSQL's postmaster is a daemon, not a child that dies with its parent: without its
+    guard, a benchmark or test session killed before it stopped its cluster left it running."""
+    with subprocess.Popen(
+        [sys.executable, "-c", STARTER],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as starter:
+        try:
+            assert starter.stdout is not None
+            root_text, pid_text = starter.stdout.readline().split()
+            root, postmaster = Path(root_text), int(pid_text)
+            assert root.is_dir() and _running(postmaster)
+            starter.send_signal(signum)
+            starter.wait(timeout=10)
+        finally:
+            starter.kill()
+    deadline = time.monotonic() + 30
+    while (_running(postmaster) or root.exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(postmaster), "the postmaster outlived the process that started it"
+    assert not root.exists(), "the cluster's directory was left behind"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
