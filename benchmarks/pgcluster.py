@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.pgguard import alive, postmaster_pid
+
 START_TIMEOUT_S = 60.0
 
 
@@ -188,10 +190,8 @@ class PostgresServer:
         (the next start recovers from the WAL)."""
         import signal
 
-        pid_file = self.data / "postmaster.pid"
-        try:
-            postmaster = int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+        postmaster = postmaster_pid(self.data)
+        if postmaster is None:
             return
         # Stopped first, the postmaster forks no backend between the listing of its children
         # and the kill: one forked then would outlive it, attached to the shared memory, and
@@ -209,7 +209,7 @@ class PostgresServer:
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + START_TIMEOUT_S
         for pid in every:  # each gone (reaped), the postmaster first
-            while time.monotonic() < deadline and _running(pid):
+            while time.monotonic() < deadline and alive(pid):
                 time.sleep(0.05)
 
     def cpu_s(self) -> float:
@@ -218,9 +218,8 @@ class PostgresServer:
         postmaster's children's times, every backend that has exited. 0.0 where /proc is not
         there. A difference of two readings is the cluster's CPU in between, a backend that
         exits meanwhile included."""
-        try:
-            postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+        postmaster = postmaster_pid(self.data)
+        if postmaster is None:
             return 0.0
         found = subprocess.run(
             ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
@@ -274,15 +273,6 @@ class PostgresServer:
         with self.admin() as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return name
-
-
-def _running(pid: int) -> bool:
-    """The process is still there (PostgreSQL's own check of its lock file asks the same)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _proc_cpu_s(pid: int) -> float:

@@ -35,7 +35,7 @@ def wait_for_exit(pid: int) -> None:
     except ProcessLookupError:
         return
     except (AttributeError, OSError):  # no pidfd (older kernels): poll
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.5)
         return
     try:
@@ -44,7 +44,9 @@ def wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """The process is still there (PostgreSQL's own check of its lock file asks the same); a
+    zombie counts until it is reaped."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,7 +56,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _postmaster(data: Path) -> int | None:
+def postmaster_pid(data: Path) -> int | None:
+    """The postmaster's pid from the first line of the cluster's lock file, if it is there."""
     try:
         return int((data / "postmaster.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -62,13 +65,13 @@ def _postmaster(data: Path) -> int | None:
 
 
 def end_cluster(data: Path, root: Path) -> None:
-    postmaster = _postmaster(data)
-    if postmaster is not None and _alive(postmaster):
+    postmaster = postmaster_pid(data)
+    if postmaster is not None and alive(postmaster):
         os.kill(postmaster, signal.SIGQUIT)
         deadline = time.monotonic() + QUIT_S
-        while _alive(postmaster) and time.monotonic() < deadline:
+        while alive(postmaster) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(postmaster):
+        if alive(postmaster):
             os.kill(postmaster, signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)
 

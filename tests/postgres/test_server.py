@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from benchmarks.pgguard import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,21 +78,13 @@ def test_a_cluster_whose_starter_is_killed_is_ended_and_removed(signum: int) -> 
             assert starter.stdout is not None
             root_text, pid_text = starter.stdout.readline().split()
             root, postmaster = Path(root_text), int(pid_text)
-            assert root.is_dir() and _running(postmaster)
+            assert root.is_dir() and alive(postmaster)
             starter.send_signal(signum)
             starter.wait(timeout=10)
         finally:
             starter.kill()
     deadline = time.monotonic() + 30
-    while (_running(postmaster) or root.exists()) and time.monotonic() < deadline:
+    while (alive(postmaster) or root.exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _running(postmaster), "the postmaster outlived the process that started it"
+    assert not alive(postmaster), "the postmaster outlived the process that started it"
     assert not root.exists(), "the cluster's directory was left behind"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
