@@ -47,7 +47,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -184,9 +184,24 @@ def cycle_with_baseline(
     return rows, info
 
 
-def ops_queue_postgres(work: Path, big: int, calls: int) -> dict[str, Any]:
-    """GET /ops/queue on PostgreSQL, with the same databases as SQLite's (each in a throwaway
-    cluster's database), or why it was not measured."""
+def ops_queue_at(
+    sizes: tuple[int, int],
+    calls: int,
+    seeded: Callable[[int], Path | str],
+    log: Callable[[int], Path | None] = lambda n: None,
+) -> dict[str, Any]:
+    """GET /ops/queue's p50 on `seeded(n)` (a database with n finished tasks, each with its run,
+    and 20 waiting after a failed attempt) for each size, and the second's over the first's."""
+    ops: dict[str, Any] = {}
+    for n in sizes:
+        ops[str(n)] = measure_ops_queue(seeded(n), calls, log=log(n))
+    ops["ratio"] = round(ops[str(sizes[1])]["p50_ms"] / ops[str(sizes[0])]["p50_ms"], 2)
+    return ops
+
+
+def ops_queue_postgres(work: Path, sizes: tuple[int, int], calls: int) -> dict[str, Any]:
+    """ops_queue_at on PostgreSQL, the same databases as SQLite's (each in a throwaway cluster's
+    database), or why it was not measured."""
     from benchmarks.pgcluster import PostgresUnavailable, start_postgres
 
     try:
@@ -195,18 +210,18 @@ def ops_queue_postgres(work: Path, big: int, calls: int) -> dict[str, Any]:
         cluster = start_postgres()
     except (ImportError, PostgresUnavailable) as exc:
         return {"error": str(exc)}
-    ops: dict[str, Any] = {}
+
+    def seeded(n: int) -> str:
+        dsn = cluster.dsn(cluster.create_database())
+        seed_database(dsn, done=n, waiting=20, history=True)
+        # What autovacuum leaves within its first minute: the runs' dead versions (each was
+        # written running, then ended) gone from the indexes, and the planner's statistics.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+        return dsn
+
     with closing_cluster(cluster):
-        for n in (100, big):
-            dsn = cluster.dsn(cluster.create_database())
-            seed_database(dsn, done=n, waiting=20, history=True)
-            # What autovacuum leaves within its first minute: the runs' dead versions (each was
-            # written running, then ended) gone from the indexes, and the planner's statistics.
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("VACUUM ANALYZE")
-            ops[str(n)] = measure_ops_queue(dsn, calls, log=work / f"ops-pg-{n}.log")
-    ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
-    return ops
+        return ops_queue_at(sizes, calls, seeded, log=lambda n: work / f"ops-pg-{n}.log")
 
 
 @contextlib.contextmanager
@@ -359,15 +374,15 @@ def main(argv: list[str] | None = None) -> int:
 
         if "ops_queue" in sections:
             print("/ops/queue", flush=True)
-            ops: dict[str, Any] = {}
             calls = 20 if quick else 200
-            for n in (100, big):
+
+            def seeded(n: int) -> Path:
                 db = work / f"ops-{n}.db"
                 seed_database(db, done=n, waiting=20, history=True)
-                ops[str(n)] = measure_ops_queue(db, calls=calls)
-            ops["ratio"] = round(ops[str(big)]["p50_ms"] / ops["100"]["p50_ms"], 2)
-            results["ops_queue"] = ops
-            results["ops_queue_postgres"] = ops_queue_postgres(work, big, calls)
+                return db
+
+            results["ops_queue"] = ops_queue_at((100, big), calls, seeded)
+            results["ops_queue_postgres"] = ops_queue_postgres(work, (100, big), calls)
 
         if "idle" in sections:
             print("Idle long-poll agents", flush=True)
