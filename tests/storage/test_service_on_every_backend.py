@@ -685,6 +685,29 @@ def test_cancel_revokes_the_live_lease_and_requeue_makes_the_task_claimable(
     assert [e["kind"] for e in events] == ["cancelled", "requeued"]
 
 
+@pytest.mark.parametrize("verb", ["cancel_task", "requeue_task"])
+def test_a_lease_past_its_time_is_expired_for_a_cancel_or_requeue_on_any_server(
+    service: Service, opened: Callable[[], Database], clock: FixedClock, verb: str
+) -> None:
+    """A server's reaper cache (the earliest expiry it knows) cannot know of another server's
+    leases, nor of one claimed while its reaper read: the other server reaped just before the
+    claim, so its cache says nothing expires yet. Its cancel or requeue must still take the
+    lease past its time for expired (the run stale, the expiry counted), never for live."""
+    other = Service(opened(), clock=clock, rand=lambda: 0.5)
+    pipeline_id = make_pipeline(service)
+    task_id = call(service, "create_task", cmd=CreateTask(pipeline_id, "t", ""))["id"]
+    assert claimed_by(other, Claim("r", "reviewer")) is None  # it reaped: nothing expired
+    claimed = claim(service, ttl=200)
+    clock.advance(300)
+    cmd = CancelTask(reason="late") if verb == "cancel_task" else RequeueTask()
+    details = call(other, verb, task_id, cmd=cmd, type=TaskDetails)
+    assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "stale"
+    assert [f.run_id for f in details.previous_failures] == [claimed.run.id]
+    events = call(other, "list_task_events", task_id, after=0, limit=10)["items"]
+    assert [e["kind"] for e in events] == [{"cancel_task": "cancelled"}.get(verb, "requeued")]
+    assert "revoked_run_id" not in events[0]["data"]
+
+
 def test_claims_beside_new_pipelines_at_once_all_answer(service: Service) -> None:
     """A server runs units of work at once (in threads, on PostgreSQL) over one tracker: a
     new pipeline empties the tracker's cache of each role's limits while other claims read

@@ -475,14 +475,13 @@ class Tasks(TrackerBase):
         before it writes anything but the reaping of expired leases."""
         if not b.task_exists(task_id):
             raise TaskNotFound()
-        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
-            self.reap_expired(b, now)
+        leased = self._lease_of_task(b, task_id, now) is not None
         task = b.get_task(task_id)
         assert task is not None
         pipeline = self._definition(b, task.pipeline_id)
         if pipeline is None:
             raise TrackerError("the task's pipeline cannot be read")
-        if b.live_lease_of_task(task_id) is not None:
+        if leased:
             raise TaskLeased("the task is held under a live lease; cancel it first")
         cancelled_at, _ = b.task_cancellation(task_id)
         if cmd.stage is not None:
@@ -619,18 +618,31 @@ class Tasks(TrackerBase):
 
         return _bulk(cmd.ids, act)
 
+    def _lease_of_task(self, b: Backend, task_id: str, now: int) -> tuple[str, str, int] | None:
+        """(lease id, run id, expires_at_ms) of the task's live lease, or None, once a lease
+        past its time has expired as such (its run stale, the expiry counted). The lease's own
+        time decides: `_next_expiry` cannot know of every lease (another server's, or one
+        claimed here while the reaper read), and a cancel or requeue must not take an expired
+        lease for a live one."""
+        if now >= self._next_expiry:
+            self.reap_expired(b, now)
+        lease = b.live_lease_of_task(task_id)
+        # The reaper takes the oldest first, in batches; where rows are locked (PostgreSQL),
+        # it skips the rows others hold and never waits, and this one is held here.
+        while lease is not None and lease[2] <= now and self.reap_expired(b, now):
+            lease = b.live_lease_of_task(task_id)
+        return lease
+
     def _cancel(self, b: Backend, task_id: str, cmd: CancelTask, now: int) -> tuple[bool, str]:
         """`cancel` without the answer: (whether it cancelled the task now, its stage). Raises
         before it writes anything but the reaping of expired leases."""
         if not b.task_exists(task_id):
             raise TaskNotFound()
-        if now >= self._next_expiry:  # an expired lease ends as such (and counts), first
-            self.reap_expired(b, now)
         # The live lease first: where rows are locked (PostgreSQL), this waits for a write
         # under that lease to end, so the task read next is the one that write left (a
         # transition into the terminal stage makes the cancel a 409, not a cancelled
         # finished task).
-        revoked = b.live_lease_of_task(task_id)
+        revoked = self._lease_of_task(b, task_id, now)
         task = b.get_task(task_id)
         assert task is not None
         cancelled_at, _ = b.task_cancellation(task_id)
