@@ -704,8 +704,14 @@ def test_a_lease_past_its_time_is_expired_for_a_cancel_or_requeue_on_any_server(
     assert details.latest_run is not msgspec.UNSET and details.latest_run.status == "stale"
     assert [f.run_id for f in details.previous_failures] == [claimed.run.id]
     events = call(other, "list_task_events", task_id, after=0, limit=10)["items"]
-    assert [e["kind"] for e in events] == [{"cancel_task": "cancelled"}.get(verb, "requeued")]
-    assert "revoked_run_id" not in events[0]["data"]
+    again = claimed_by(other, Claim("b", "coder"))
+    if verb == "cancel_task":
+        assert [e["kind"] for e in events] == ["cancelled"]
+        assert "revoked_run_id" not in events[0]["data"]  # nothing live was revoked
+        assert again is None  # cancelled: never claimed again
+    else:
+        assert [e["kind"] for e in events] == ["requeued"]
+        assert again is not None and again.task.id == task_id and again.run.attempt == 2
 
 
 def test_claims_beside_new_pipelines_at_once_all_answer(service: Service) -> None:
