@@ -26,6 +26,9 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT) + (
     (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
 )
 
+# How long after its own deadline the kernel ends a process whose exit thread could not run.
+EXIT_BACKSTOP_S = 1.0
+
 log = logging.getLogger("nulltickets")
 _exiting = threading.Event()
 
@@ -33,10 +36,18 @@ _exiting = threading.Event()
 def exit_after(seconds: float) -> None:
     """The last resort of a shutdown: if this process has not exited by then (a request that
     never ends, a stuck call, a child that will not die), it leaves without waiting further.
-    Only the first call in a process arms it."""
+    Only the first call in a process arms it.
+
+    A thread leaves at `seconds`; it needs the GIL to run, and a native call that blocks while
+    holding it (a library's deadlock) would hold the thread too. So the kernel's own timer
+    also ends the process, EXIT_BACKSTOP_S later, with SIGALRM, whose default action ends a
+    process without running any of its code (nothing here sets a handler for it)."""
     if _exiting.is_set():
         return
     _exiting.set()
+    if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL:
+        with contextlib.suppress(OSError):
+            signal.setitimer(signal.ITIMER_REAL, seconds + EXIT_BACKSTOP_S)
 
     def leave() -> None:
         time.sleep(seconds)

@@ -220,6 +220,33 @@ def test_sigkill_of_the_main_process_alone_leaves_no_worker_serving(server: Serv
         again.stop()
 
 
+def test_stop_signals_that_keep_coming_never_hang_a_worker_in_its_shutdown(server: Server) -> None:
+    """Each stop signal, the kernel's when the parent dies and the parent watch all begin the
+    worker's shutdown; only the first may set granian's stop. A third set blocked for good
+    while holding the GIL, so even the exit deadline's thread could not run: the worker served
+    on as an orphan. A client stuck in its body holds the shutdown open while they come."""
+    assert server.proc is not None
+    (worker,) = granian_workers(server)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as stuck:
+        stuck.sendall(
+            b"POST /tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        os.kill(server.proc.pid, signal.SIGKILL)  # the kernel's SIGTERM and the watch follow
+        server.proc.wait()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, sig)
+        gone = _wait_gone(worker, 10)
+        if not gone:
+            os.kill(worker, signal.SIGKILL)  # a hung worker must not outlive the failed test
+        assert gone, "the worker hung in its shutdown"
+    # Its own deadline ended it (the client never finished): its thread ran, so nothing held
+    # the GIL. The kernel's backstop would have ended it without this line.
+    assert "shutdown took longer than" in server.output(), server.output()
+
+
 @pytest.mark.skipif(
     not os.environ.get("NULLTICKETS_BINARY"),
     reason="the onefile bootstrap is the standalone binary's (make test-binary runs this)",

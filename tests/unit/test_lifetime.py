@@ -1,8 +1,10 @@
-"""Signals relayed from whichever thread takes them (lifetime.relay_signals), each case in a
-fresh interpreter so this process's own handlers stay as they are."""
+"""Signals relayed from whichever thread takes them (lifetime.relay_signals) and the exit
+deadline (lifetime.exit_after), each case in a fresh interpreter so this process's own
+handlers stay as they are."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -67,3 +69,20 @@ print(signal.set_wakeup_fd(-1) == write)
 
 def test_a_wakeup_fd_already_in_use_is_left_as_it_is() -> None:
     assert run(IN_USE) == "True"
+
+
+HELD_GIL = """
+import ctypes
+from nulltickets.lifetime import exit_after
+exit_after(0.2)
+ctypes.PyDLL(None).pause()  # a native call that blocks holding the GIL: the exit thread cannot run
+"""
+
+
+def test_the_exit_deadline_ends_a_process_whose_gil_is_held_for_good() -> None:
+    """A library that deadlocks while holding the GIL (granian's stop signal set twice did)
+    also holds the deadline's thread: the kernel's timer ends the process anyway."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_GIL], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == -signal.SIGALRM, (done.returncode, done.stderr)

@@ -64,6 +64,7 @@ class App:
         self.guard = OriginGuard(settings)
         self.ctx: Context | None = None
         self._upkeep: asyncio.Task[None] | None = None
+        self._shutdown_begun = False
         # Requests still reading their body, with their deadline. One sweep a second cancels
         # the late ones: far cheaper than a timer per request.
         self._reading: dict[asyncio.Task[Any], float] = {}
@@ -126,6 +127,8 @@ class App:
                 self.ctx.mcp.close()
             self.ctx.service.db.close()
             self.ctx = None
+            if self.owns_process:
+                log.info("stopped: the database is closed")
 
     def _take_shutdown_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """SIGTERM, SIGINT and SIGHUP first answer the waiting long-polls (204), then start
@@ -142,6 +145,15 @@ class App:
             return
 
     def _begin_shutdown(self) -> None:
+        """Runs once per process, whatever asks first: a stop signal (each of a burst, and the
+        kernel's when the parent dies) or the parent watch. granian's `WorkerSignal.set` sends
+        on a channel of one slot and blocks, holding the GIL, when the slot is full and its
+        reader has stopped reading: a second or third call hung the worker for good, the
+        exit deadline's thread included."""
+        if self._shutdown_begun:
+            return
+        self._shutdown_begun = True
+        exit_after(SHUTDOWN_DEADLINE_S)  # first: whatever follows may be what hangs
         if self.ctx is not None and not self.ctx.service.wakeups.closing:
             log.info(
                 "shutting down: answering %d waiting claims", self.ctx.service.wakeups.waiting()
@@ -154,7 +166,6 @@ class App:
         stop = _granian_stop[0]
         if stop is not None:
             stop.set()
-        exit_after(SHUTDOWN_DEADLINE_S)
 
     async def _maintain(self) -> None:
         """Expire overdue leases promptly (not only when someone claims) and drop old
