@@ -176,6 +176,20 @@ def test_a_commit_on_one_database_wakes_the_subscribers_of_another(
     wait_for("the notification", lambda: (role, 0) in heard)
 
 
+def test_a_database_listens_once_opened_so_its_first_commit_is_heard(
+    open_db: Callable[..., PostgresDatabase],
+) -> None:
+    """A long-poll may wait from the first request on: open returns with the LISTEN in place,
+    or a commit made before it (by this server or another) would wake nobody here."""
+    db = open_db()
+    assert db.notifier.connected.is_set()
+    heard: list[tuple[str, int]] = []
+    db.notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    role = unique("coder")
+    seed(db, Tracker(db.notifier, shared=True), role, 1)  # at once: no wait for the LISTEN
+    wait_for("the notification", lambda: (role, 0) in heard)
+
+
 def test_a_rolled_back_unit_of_work_notifies_nobody(
     open_db: Callable[..., PostgresDatabase],
 ) -> None:

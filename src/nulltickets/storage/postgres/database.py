@@ -267,6 +267,10 @@ class PostgresDatabase:
         self._loop_write = LoopPool(self._connect_writer, self._writers)
         self._loop_read = LoopPool(self._connect_reader, self._readers)
         self._notifier.start()
+        # Ready once it listens: a commit before the LISTEN is in place notifies nobody here,
+        # and a long-poll that began meanwhile would sleep through work it was waiting for.
+        # Should it not listen by then, it listens later and then wakes every long-poll once.
+        self._notifier.connected.wait(CONNECT_TIMEOUT_S)
 
     def close(self) -> None:
         self._notifier.stop()
