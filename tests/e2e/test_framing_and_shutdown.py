@@ -123,6 +123,16 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return not alive(pid)
 
 
+def _left_alive(pids: list[int], timeout: float) -> list[int]:
+    """Those of `pids` still alive when each was waited for, in turn, up to `timeout`; each
+    of them is then killed, so a failing test leaves no process behind."""
+    left = [pid for pid in pids if not _wait_gone(pid, timeout)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     s = Server(tmp_path / "shutdown.db").start()
@@ -199,7 +209,7 @@ def test_a_stuck_worker_does_not_keep_the_server_from_exiting(server: Server) ->
             if alive(pid):
                 os.kill(pid, signal.SIGCONT)
     assert took < 8, took
-    assert all(_wait_gone(pid, 5) for pid in workers)
+    assert not _left_alive(workers, 5)
     assert "refused to gracefully stop" in server.output()
 
 
@@ -209,7 +219,7 @@ def test_sigkill_of_the_main_process_alone_leaves_no_worker_serving(server: Serv
     assert granian_workers(server)
     os.kill(server.proc.pid, signal.SIGKILL)  # what a person or nullhub does to the main pid
     server.proc.wait()
-    assert all(_wait_gone(pid, 10) for pid in workers), "a worker outlived its parent"
+    assert not _left_alive(workers, 10), "a worker outlived its parent"
     # The port is free again: a new server starts there and is the only one answering.
     again = Server(server.db)
     again.port = server.port
@@ -238,10 +248,7 @@ def test_stop_signals_that_keep_coming_never_hang_a_worker_in_its_shutdown(serve
             time.sleep(0.1)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, sig)
-        gone = _wait_gone(worker, 10)
-        if not gone:
-            os.kill(worker, signal.SIGKILL)  # a hung worker must not outlive the failed test
-        assert gone, "the worker hung in its shutdown"
+        assert not _left_alive([worker], 10), "the worker hung in its shutdown"
     # Its own deadline ended it (the client never finished): its thread ran, so nothing held
     # the GIL. The kernel's backstop would have ended it without this line.
     assert "shutdown took longer than" in server.output(), server.output()
@@ -267,7 +274,7 @@ def test_a_hung_main_process_does_not_hold_the_binarys_sigterm(server: Server) -
         server.proc.wait(30)
         took = time.monotonic() - started
         assert took < 9, took  # container runtimes kill after 10 s
-        assert all(_wait_gone(pid, 5) for pid in processes), [p for p in processes if alive(p)]
+        assert not (left := _left_alive(processes, 5)), left
     finally:
         if alive(main):
             os.kill(main, signal.SIGCONT)
@@ -298,7 +305,7 @@ def test_sighup_to_the_main_process_stops_every_process_of_the_server(server: Se
     assert granian_workers(server)
     os.kill(server.proc.pid, signal.SIGHUP)
     server.proc.wait(10)
-    assert all(_wait_gone(pid, 5) for pid in processes), server.output()
+    assert not _left_alive(processes, 5), server.output()
     assert _nothing_serves(server.port)
     assert "Respawning" not in server.output()
     _serves_again(server)
@@ -316,7 +323,7 @@ def test_a_stop_signal_taken_by_another_thread_of_the_main_process_stops_the_ser
     processes = [main, *descendants(main)]
     assert len(processes) >= 2
     signal_another_thread(main, signum)
-    assert all(_wait_gone(pid, 10) for pid in processes), [p for p in processes if alive(p)]
+    assert not (left := _left_alive(processes, 10)), left
     assert _nothing_serves(server.port)
     _serves_again(server)
 
