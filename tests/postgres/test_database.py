@@ -25,6 +25,7 @@ from nulltickets.storage.postgres import PostgresDatabase
 from nulltickets.storage.postgres.backend import PostgresBackend
 from nulltickets.storage.postgres.database import SEVERAL_FOR
 from nulltickets.storage.postgres.migrate import migrations
+from nulltickets.storage.postgres.notifier import PostgresNotifier
 from tests.conftest import unique, wait_for
 from tests.pgserver import PostgresServer
 from tests.server import PIPELINE
@@ -188,6 +189,7 @@ def test_a_database_listens_once_opened_so_its_first_commit_is_heard(
     role = unique("coder")
     seed(db, Tracker(db.notifier, shared=True), role, 1)  # at once: no wait for the LISTEN
     wait_for("the notification", lambda: (role, 0) in heard)
+    assert (EVERY_ROLE, 0) not in heard  # in time: nothing was missed
 
 
 def test_a_rolled_back_unit_of_work_notifies_nobody(
@@ -250,6 +252,22 @@ def test_the_listener_reconnects_and_wakes_every_role_once(
     role = unique("coder")
     db.write_sync(lambda b: db.notifier.notify(b, role, 0))
     wait_for("a notification after the reconnection", lambda: (role, 0) in heard)
+
+
+def test_a_listen_waited_for_in_vain_wakes_every_role_once_it_comes(pg_shared_dsn: str) -> None:
+    """Had open stopped waiting before the first LISTEN, what was committed meanwhile reached
+    nobody here: once the LISTEN is in place, every long-poll looks again, as after a
+    reconnection (and not at all when the LISTEN came in time: the test before)."""
+    notifier = PostgresNotifier(pg_shared_dsn)
+    heard: list[tuple[str, int]] = []
+    notifier.subscribe(lambda role, at, _agent: heard.append((role, at)))
+    assert not notifier.listening_within(0)  # not started: the wait is in vain
+    notifier.start()
+    try:
+        wait_for("the late LISTEN's wake-up", lambda: (EVERY_ROLE, 0) in heard)
+        assert notifier.reconnects == 0
+    finally:
+        notifier.stop()
 
 
 def test_servers_starting_at_once_migrate_an_empty_database_once(pg_empty_dsn: str) -> None:

@@ -154,7 +154,7 @@ class App:
             return
         self._shutdown_begun = True
         exit_after(SHUTDOWN_DEADLINE_S)  # first: whatever follows may be what hangs
-        if self.ctx is not None and not self.ctx.service.wakeups.closing:
+        if self.ctx is not None:
             log.info(
                 "shutting down: answering %d waiting claims", self.ctx.service.wakeups.waiting()
             )

@@ -270,7 +270,7 @@ class PostgresDatabase:
         # Ready once it listens: a commit before the LISTEN is in place notifies nobody here,
         # and a long-poll that began meanwhile would sleep through work it was waiting for.
         # Should it not listen by then, it listens later and then wakes every long-poll once.
-        self._notifier.connected.wait(CONNECT_TIMEOUT_S)
+        self._notifier.listening_within(CONNECT_TIMEOUT_S)
 
     def close(self) -> None:
         self._notifier.stop()

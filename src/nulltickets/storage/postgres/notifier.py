@@ -79,7 +79,11 @@ class PostgresNotifier:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
-        self.connected = threading.Event()  # the LISTEN is in place (tests wait on it)
+        self.connected = threading.Event()  # the LISTEN is in place
+        # Whether someone stopped waiting for the first LISTEN (`listening_within`): the
+        # connection, when it comes, then wakes every long-poll once, as after a reconnection.
+        self._late = False
+        self._late_lock = threading.Lock()
         self.reconnects = 0
 
     # --- the Notifier port ---------------------------------------------------------------------
@@ -147,6 +151,17 @@ class PostgresNotifier:
         finally:
             self._waiting -= 1
 
+    def listening_within(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the LISTEN. False: it is not in place yet, and notifications
+        committed meanwhile are lost; the LISTEN, once in place, then wakes every long-poll."""
+        if self.connected.wait(timeout):
+            return True
+        with self._late_lock:
+            if self.connected.is_set():
+                return True
+            self._late = True
+        return False
+
     # --- the listening thread ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -170,11 +185,14 @@ class PostgresNotifier:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=3) as conn:
                     conn.execute(Q["listen"])
                     self._revoked(None)  # whatever was revoked before this LISTEN is unknown
-                    self.connected.set()
+                    with self._late_lock:
+                        self.connected.set()
+                        late, self._late = self._late, False
                     delay = RECONNECT_MIN_S
                     if not first:
                         self.reconnects += 1
                         log.info("listening for notifications again: waking every long-poll")
+                    if late or not first:
                         self._deliver([(EVERY_ROLE, 0, None)])
                     first = False
                     while not self._stopping.is_set():
