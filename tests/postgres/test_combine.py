@@ -225,3 +225,37 @@ def test_a_request_cancelled_while_its_batch_gathers_leaves_the_others_to_run_al
         ).fetchall()
     )
     assert sorted(title for (title,) in stored) == sorted(titles[1:])
+
+
+def test_each_statement_of_a_batch_reads_back_as_its_own_cursor_would(
+    db: PostgresDatabase,
+) -> None:
+    """A batch's results are read out of their cursors at once: each request's rows, row count
+    and columns are still its own, a statement that returns rows or one that returns none."""
+
+    def unit(i: int) -> Callable[[PostgresBackend], Any]:
+        def read_back(b: PostgresBackend) -> Any:
+            if i % 2:  # no rows at all: a command's result
+                done = b.conn.execute_alone("UPDATE tasks SET title = title WHERE false", {})
+            else:
+                done = b.conn.execute_alone(
+                    "SELECT %(i)s::int AS n, repeat('x', %(i)s) AS label"
+                    " FROM generate_series(1, %(i)s)",
+                    {"i": i},
+                )
+            columns = [c.name for c in done.description] if done.description else None
+            return type(done).__name__, columns, done.rowcount, done.fetchall()
+
+        return read_back
+
+    before = combined(db)
+    got = at_once(db, [unit(i) for i in range(WIDTH)])
+    assert combined(db)[1] - before[1] == WIDTH, got  # one batch carried them all
+    for i, (kind, columns, rowcount, rows) in enumerate(got):
+        assert kind == "Result"
+        if i % 2:
+            assert (columns, rowcount, rows) == (None, 0, [])
+        else:
+            assert columns == ["n", "label"]
+            assert rowcount == i
+            assert rows == [(i, "x" * i)] * i
