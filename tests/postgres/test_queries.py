@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from nulltickets.storage.queries import load_backend_queries
@@ -188,3 +189,126 @@ def test_the_queues_failed_count_reads_only_the_failed_runs(
     assert json.loads(row[2]) == [["worker", 50, 1, 25, 0, 0]]
     assert "idx_runs_failed" in plan, plan
     assert "Seq Scan on runs" not in plan, plan
+
+
+# Retention's statements on one batch: of tasks (:ids, a JSON array of task ids) and of OTLP
+# batches (:ids, of batch ids). Leases are left out: the table holds only live leases.
+PRUNE_TASK_STATEMENTS = (
+    "prune_export_tasks",
+    "prune_export_dependencies",
+    "prune_export_assignments",
+    "prune_export_task_events",
+    "prune_export_runs",
+    "prune_export_events",
+    "prune_export_artifacts",
+    "prune_export_spans",
+    "prune_delete_events",
+    "prune_delete_leases",
+    "prune_delete_artifacts",
+    "prune_delete_spans",
+    "prune_delete_runs",
+    "prune_delete_tasks",
+)
+PRUNE_SPAN_BATCH_STATEMENTS = (
+    "prune_export_loose_spans",
+    "prune_delete_loose_spans",
+    "prune_export_empty_batches",
+    "prune_delete_empty_batches",
+)
+HISTORY_TABLES = {
+    "tasks",
+    "runs",
+    "events",
+    "artifacts",
+    "otlp_spans",
+    "otlp_batches",
+    "task_events",
+    "task_dependencies",
+    "task_assignments",
+}
+HISTORY_TASKS = 20_000
+
+
+@pytest.fixture(scope="module")
+def history_dsn(postgres: Any) -> str:
+    """A database that has kept a long history: 20,000 finished tasks, each with a run, two run
+    events, a task event, an artifact (of the task or of its run) and a span (in an OTLP
+    batch of its own); half of them assigned, half depending on the one before."""
+    from tests.conftest import migrated_database
+
+    dsn = migrated_database(postgres)
+    n = HISTORY_TASKS
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in (
+            "INSERT INTO pipelines (id, name, definition_json, created_at_ms)"
+            " VALUES ('p', 'p', '{}', 0)",
+            "INSERT INTO pipeline_stages (pipeline_id, stage, agent_role, terminal)"
+            " VALUES ('p', 'todo', 'worker', false), ('p', 'done', NULL, true)",
+            "INSERT INTO tasks (id, pipeline_id, stage, title, description, created_at_ms,"
+            f" updated_at_ms) SELECT 't' || g, 'p', 'done', 't', '', g, g"
+            f" FROM generate_series(1, {n}) AS g",
+            "INSERT INTO runs (id, task_id, attempt, status, started_at_ms, ended_at_ms)"
+            f" SELECT 'r' || g, 't' || g, 1, 'completed', g, g FROM generate_series(1, {n}) AS g",
+            "INSERT INTO events (run_id, ts_ms, kind, data_json)"
+            f" SELECT 'r' || (g % {n} + 1), g, 'progress', '{{}}'"
+            f" FROM generate_series(1, {2 * n}) AS g",
+            "INSERT INTO task_events (task_id, ts_ms, kind, data_json)"
+            f" SELECT 't' || g, g, 'created', '{{}}' FROM generate_series(1, {n}) AS g",
+            "INSERT INTO artifacts (id, task_id, run_id, created_at_ms, kind, uri)"
+            " SELECT 'a' || g, CASE WHEN g % 2 = 0 THEN 't' || g END,"
+            " CASE WHEN g % 2 = 1 THEN 'r' || g END, g, 'file', 'file:///a'"
+            f" FROM generate_series(1, {n}) AS g",
+            "INSERT INTO otlp_batches (id, received_at_ms, content_type)"
+            f" SELECT g, g, 'application/json' FROM generate_series(1, {n}) AS g",
+            "INSERT INTO otlp_spans (batch_id, trace_id, span_id, name, run_id, task_id,"
+            " raw_json) SELECT g, 'trace', 's' || g, 'work', 'r' || g, 't' || g, '{}'"
+            f" FROM generate_series(1, {n}) AS g",
+            "INSERT INTO task_assignments (task_id, agent_id, created_at_ms, updated_at_ms)"
+            f" SELECT 't' || g, 'agent', g, g FROM generate_series(2, {n}, 2) AS g",
+            "INSERT INTO task_dependencies (task_id, depends_on_task_id, created_at_ms)"
+            f" SELECT 't' || g, 't' || (g - 1), g FROM generate_series(2, {n}, 2) AS g",
+            "ANALYZE",
+        ):
+            conn.execute(statement)
+    return dsn
+
+
+def _plan_of_batch(dsn: str, name: str, ids: list[Any], plan_cache_mode: str) -> str:
+    """The plan PostgreSQL runs statement `name` of a batch of these ids with, as the server's
+    connections run it once prepared (EXPLAIN: nothing is deleted)."""
+    sql, names = numbered(Q[name])
+    assert names == ["ids"], names
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+        conn.execute(f"PREPARE q AS {sql}")
+        rows = conn.execute(
+            psycopg.sql.SQL("EXPLAIN EXECUTE q({})").format(psycopg.sql.Literal(json.dumps(ids)))
+        )
+        return "\n".join(row[0] for row in rows)
+
+
+def _tables_read_whole(plan: str) -> set[str]:
+    return set(re.findall(r"Seq Scan on (\w+)", plan)) & HISTORY_TABLES
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", PRUNE_TASK_STATEMENTS)
+def test_a_prune_batch_reads_its_tasks_history_by_index_never_whole_tables(
+    history_dsn: str, name: str, plan_cache_mode: str
+) -> None:
+    """Each statement of a batch of 100 tasks finds their runs, events, artifacts, spans and
+    the rest through an index: its cost is the batch's, whatever the history kept (a read
+    of every run or span for each batch grew with the retention and slowed every claim
+    that shared the machine with it)."""
+    oldest = [f"t{g}" for g in range(1, 101)]
+    plan = _plan_of_batch(history_dsn, name, oldest, plan_cache_mode)
+    assert _tables_read_whole(plan) == set(), plan
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", PRUNE_SPAN_BATCH_STATEMENTS)
+def test_a_prune_of_otlp_batches_reads_their_spans_by_index_never_all_spans(
+    history_dsn: str, name: str, plan_cache_mode: str
+) -> None:
+    plan = _plan_of_batch(history_dsn, name, list(range(1, 11)), plan_cache_mode)
+    assert _tables_read_whole(plan) == set(), plan

@@ -1581,67 +1581,71 @@ ORDER BY t.created_at_ms, t.id
 LIMIT :limit
 FOR UPDATE OF t SKIP LOCKED;
 
+-- fragment pruned_tasks --
+-- The tasks of a prune batch (:ids, a JSON array of their ids) as an array. Each statement of
+-- the batch finds their rows with "= ANY" of it, through an index, at a cost that is the
+-- batch's. With "IN (SELECT jsonb_array_elements_text(:ids::jsonb))" the planner, counting on
+-- a hundred ids, chose to read every run (span, event, artifact) of the history into a hash:
+-- retention's batches grew with the history it kept.
+ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb))
+
+-- fragment pruned_runs --
+-- The runs of the batch's tasks (runs_task_id_attempt_key).
+ARRAY(SELECT r.id FROM runs AS r WHERE r.task_id = ANY ({pruned_tasks}))
+
+-- fragment pruned_span_batches --
+-- The OTLP batches of a prune batch (:ids, a JSON array of their ids), as pruned_tasks.
+ARRAY(SELECT jsonb_array_elements_text(:ids::jsonb)::bigint)
+
 -- prune_export_tasks --
 -- Whole rows, whatever columns the schema has: the export keeps everything a row held.
-SELECT * FROM tasks WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY created_at_ms, id;
+SELECT * FROM tasks WHERE id = ANY ({pruned_tasks}) ORDER BY created_at_ms, id;
 
 -- prune_export_dependencies --
-SELECT * FROM task_dependencies WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+SELECT * FROM task_dependencies WHERE task_id = ANY ({pruned_tasks});
 
 -- prune_export_assignments --
-SELECT * FROM task_assignments WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+SELECT * FROM task_assignments WHERE task_id = ANY ({pruned_tasks});
 
 -- prune_export_task_events --
-SELECT * FROM task_events WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY id;
+SELECT * FROM task_events WHERE task_id = ANY ({pruned_tasks}) ORDER BY id;
 
 -- prune_export_runs --
-SELECT * FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) ORDER BY task_id, attempt;
+SELECT * FROM runs WHERE task_id = ANY ({pruned_tasks}) ORDER BY task_id, attempt;
 
 -- prune_export_events --
-SELECT e.*
-FROM events AS e
-JOIN runs AS r ON r.id = e.run_id
-WHERE r.task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
-ORDER BY e.id;
+SELECT * FROM events WHERE run_id = ANY ({pruned_runs}) ORDER BY id;
 
 -- prune_export_artifacts --
 SELECT *
 FROM artifacts
-WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
-    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)))
+WHERE task_id = ANY ({pruned_tasks}) OR run_id = ANY ({pruned_runs})
 ORDER BY created_at_ms, id;
 
 -- prune_export_spans --
 SELECT *
 FROM otlp_spans
-WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
-    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)))
+WHERE task_id = ANY ({pruned_tasks}) OR run_id = ANY ({pruned_runs})
 ORDER BY id;
 
 -- prune_delete_events --
-DELETE FROM events
-WHERE run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+DELETE FROM events WHERE run_id = ANY ({pruned_runs});
 
 -- prune_delete_leases --
-DELETE FROM leases
-WHERE run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+DELETE FROM leases WHERE run_id = ANY ({pruned_runs});
 
 -- prune_delete_artifacts --
-DELETE FROM artifacts
-WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
-    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+DELETE FROM artifacts WHERE task_id = ANY ({pruned_tasks}) OR run_id = ANY ({pruned_runs});
 
 -- prune_delete_spans --
-DELETE FROM otlp_spans
-WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb))
-    OR run_id IN (SELECT id FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)));
+DELETE FROM otlp_spans WHERE task_id = ANY ({pruned_tasks}) OR run_id = ANY ({pruned_runs});
 
 -- prune_delete_runs --
-DELETE FROM runs WHERE task_id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+DELETE FROM runs WHERE task_id = ANY ({pruned_tasks});
 
 -- prune_delete_tasks --
 -- Their task_events, dependencies and assignments go with them (ON DELETE CASCADE).
-DELETE FROM tasks WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb));
+DELETE FROM tasks WHERE id = ANY ({pruned_tasks});
 
 -- prune_span_batches --
 -- OTLP batches received before :before, oldest first after the pass's cursor.
@@ -1658,14 +1662,14 @@ FOR UPDATE SKIP LOCKED;
 -- with their tasks): the spans of unknown or already pruned tasks.
 SELECT *
 FROM otlp_spans AS s
-WHERE s.batch_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+WHERE s.batch_id = ANY ({pruned_span_batches})
     AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = s.task_id)
     AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = s.run_id)
 ORDER BY s.id;
 
 -- prune_delete_loose_spans --
 DELETE FROM otlp_spans
-WHERE batch_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+WHERE batch_id = ANY ({pruned_span_batches})
     AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = otlp_spans.task_id)
     AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = otlp_spans.run_id);
 
@@ -1673,13 +1677,13 @@ WHERE batch_id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
 -- Those batches with no span left.
 SELECT *
 FROM otlp_batches AS b
-WHERE b.id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+WHERE b.id = ANY ({pruned_span_batches})
     AND NOT EXISTS (SELECT 1 FROM otlp_spans AS s WHERE s.batch_id = b.id)
 ORDER BY b.id;
 
 -- prune_delete_empty_batches --
 DELETE FROM otlp_batches
-WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb)::BIGINT)
+WHERE id = ANY ({pruned_span_batches})
     AND NOT EXISTS (SELECT 1 FROM otlp_spans AS s WHERE s.batch_id = otlp_batches.id);
 
 -- prune_idempotency --
