@@ -312,3 +312,23 @@ def test_a_prune_of_otlp_batches_reads_their_spans_by_index_never_all_spans(
 ) -> None:
     plan = _plan_of_batch(history_dsn, name, list(range(1, 11)), plan_cache_mode)
     assert _tables_read_whole(plan) == set(), plan
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_a_prune_batch_finds_its_tasks_by_walking_them_in_order_never_reading_all_history(
+    history_dsn: str, plan_cache_mode: str
+) -> None:
+    """prune_candidates walks idx_tasks_page from the pass's cursor; whether a parked task
+    has a dependent is a probe of idx_task_dependencies_depends_on for that task, not a hash
+    of every dependency built for each batch."""
+    sql, names = numbered(Q["prune_candidates"])
+    values = {"before": "1000000000", "after_created": "-1", "after_id": "''", "limit": "100"}
+    with psycopg.connect(history_dsn, autocommit=True) as conn:
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+        conn.execute(f"PREPARE q AS {sql}")
+        args = ", ".join(values[n] for n in names)
+        plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE q({args})"))
+        found = conn.execute(f"EXECUTE q({args})").fetchall()
+    assert [task_id for task_id, _ in found] == [f"t{g}" for g in range(1, 101)]
+    assert "idx_tasks_page" in plan, plan
+    assert _tables_read_whole(plan) == set(), plan

@@ -1560,7 +1560,9 @@ ORDER BY c.relname;
 -- first, after the cursor (:after_created, :after_id) of the pass (idx_tasks_page). Finished:
 -- in a terminal stage, or parked (dead-lettered or cancelled) with no task depending on it,
 -- since pruning it would drop the dependency that holds its dependents back. A task with a
--- running run is never finished.
+-- running run is never finished. Whether a parked task walked has a dependent is one probe of
+-- idx_task_dependencies_depends_on: OFFSET 0 keeps it that. Left to the planner, it hashed
+-- every dependency in the database, for each batch.
 SELECT t.id, t.created_at_ms
 FROM tasks AS t
 WHERE t.created_at_ms < :before
@@ -1573,7 +1575,9 @@ WHERE t.created_at_ms < :before
         )
         OR (
             t.dead_letter_reason IS NOT NULL
-            AND NOT EXISTS (SELECT 1 FROM task_dependencies AS d WHERE d.depends_on_task_id = t.id)
+            AND NOT EXISTS (
+                SELECT 1 FROM task_dependencies AS d WHERE d.depends_on_task_id = t.id OFFSET 0
+            )
         )
     )
     AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.task_id = t.id AND r.status = 'running')
