@@ -5,6 +5,7 @@ retention it levels off instead of growing with every cycle.
     python -m benchmarks.soak --cycles 500000 --retention 30s --prune-interval 2s
     python -m benchmarks.soak --db postgresql://... --minutes 10
     python -m benchmarks.soak --postgres --minutes 2     # a throwaway cluster of its own
+    python -m benchmarks.soak --postgres --rate 200 --minutes 5   # a fleet with time to spare
 
 Every `--every` seconds one line: cycles so far, cycles/s, claim p50/p99 in that interval, the
 rows pruned in it, the failed requests by kind (`error_kinds`: "claim 503 service_unavailable"), and
@@ -18,6 +19,11 @@ running. Each claim that overlapped such a stretch counts as "pruning", every ot
 and each line and the summary give claim p50/p99/max of both (`claims_pruning`,
 `claims_idle`): unchanged while pruning means the two agree. `--retention off` runs the same
 load without any pass, for a baseline of its own.
+
+By default the agents go as fast as the server answers, so the machine has no time to spare and
+a pass's work is taken from the claims'. `--rate N` paces them to N cycles a second in all, the
+load of a fleet whose agents spend most of their time on their own work: whether pruning then
+holds claims up is whether it fits in the time the server has left.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +162,46 @@ class PruneWatch:
         return pruning, idle, later
 
 
-def agent(port: int, pipeline_id: str, stats: Stats, stop: threading.Event, bulk: int) -> None:
+class Pacer:
+    """Start times `1 / rate` seconds apart, handed out in turn to whichever agent asks. A
+    start missed (the server was slower than the rate) is not made up: after a stall the
+    agents go on at the rate, not in a burst."""
+
+    def __init__(
+        self,
+        rate: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError("the rate must be more than 0 cycles a second")
+        self.gap = 1.0 / rate
+        self.clock, self.sleep = clock, sleep
+        self.lock = threading.Lock()
+        self.next: float | None = None
+
+    def wait(self) -> float:
+        """Sleep until this caller's start time; return it."""
+        with self.lock:
+            now = self.clock()
+            start = now if self.next is None or self.next < now else self.next
+            self.next = start + self.gap
+        if start > now:
+            self.sleep(start - now)
+        return start
+
+
+def agent(
+    port: int,
+    pipeline_id: str,
+    stats: Stats,
+    stop: threading.Event,
+    bulk: int,
+    pacer: Pacer | None = None,
+) -> None:
     while not stop.is_set():
         try:
-            cycles(Http(port), pipeline_id, stats, stop, bulk)
+            cycles(Http(port), pipeline_id, stats, stop, bulk, pacer)
         except (OSError, http.client.HTTPException) as exc:
             if not stop.is_set():
                 with stats.lock:
@@ -166,7 +209,14 @@ def agent(port: int, pipeline_id: str, stats: Stats, stop: threading.Event, bulk
                 time.sleep(0.1)
 
 
-def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, bulk: int) -> None:
+def cycles(
+    client: Http,
+    pipeline_id: str,
+    stats: Stats,
+    stop: threading.Event,
+    bulk: int,
+    pacer: Pacer | None = None,
+) -> None:
     while not stop.is_set():
         status, got = client.call(
             "POST",
@@ -177,6 +227,8 @@ def cycles(client: Http, pipeline_id: str, stats: Stats, stop: threading.Event, 
             stats.failed("bulk", status, got)
             continue
         for _ in range(bulk):
+            if pacer is not None:
+                pacer.wait()
             started = time.monotonic()
             status, got = client.call(
                 "POST", "/leases/claim", {"agent_id": "soak", "agent_role": "soak"}
@@ -276,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--bulk", type=int, default=20, help="tasks each agent creates at once")
+    p.add_argument(
+        "--rate", type=float, help="cycles a second in all (default: as fast as the server goes)"
+    )
     p.add_argument("--retention", default="30s")
     p.add_argument("--prune-interval", default="2s")
     p.add_argument("--durability", default="normal")
@@ -318,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         assert status == 201, made
         stats = Stats()
+        pacer = Pacer(args.rate) if args.rate is not None else None
         for _ in range(args.agents):
             t = threading.Thread(
-                target=agent, args=(port, made["id"], stats, stop, args.bulk), daemon=True
+                target=agent, args=(port, made["id"], stats, stop, args.bulk, pacer), daemon=True
             )
             t.start()
             threads.append(t)
@@ -332,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         pending: list[Claim] = []
         during: list[float] = []  # every claim of the run, split
         besides: list[float] = []
-        print(f"soak: {args.agents} agents, retention {args.retention}, database {db}", flush=True)
+        pace = f"{args.rate:g} cycles/s" if args.rate is not None else "as fast as it goes"
+        print(
+            f"soak: {args.agents} agents ({pace}), retention {args.retention}, database {db}",
+            flush=True,
+        )
         while True:
             time.sleep(args.every)
             now = time.monotonic()
@@ -363,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {
             **figures[-1],
             "retention": args.retention,
+            "rate": args.rate,
             "prune_passes": len(watch.windows),
             "seconds_pruning": round(sum(b - a for a, b in watch.windows), 1),
             "claims_pruning": latency(during),
