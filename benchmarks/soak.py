@@ -42,6 +42,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,32 +192,33 @@ class Pacer:
         return start
 
 
-def agent(
-    port: int,
-    pipeline_id: str,
-    stats: Stats,
-    stop: threading.Event,
-    bulk: int,
-    pacer: Pacer | None = None,
-) -> None:
-    while not stop.is_set():
+@dataclass(frozen=True)
+class Load:
+    """What every agent of the soak shares: its pipeline, its figures, when to stop, how many
+    tasks it creates at once, and the pace (None: as fast as the server answers)."""
+
+    pipeline_id: str
+    stats: Stats
+    stop: threading.Event
+    bulk: int
+    pacer: Pacer | None = None
+
+
+def agent(port: int, load: Load) -> None:
+    while not load.stop.is_set():
         try:
-            cycles(Http(port), pipeline_id, stats, stop, bulk, pacer)
+            cycles(Http(port), load)
         except (OSError, http.client.HTTPException) as exc:
-            if not stop.is_set():
-                with stats.lock:
-                    stats.errors[f"exception {type(exc).__name__}"] += 1
+            if not load.stop.is_set():
+                with load.stats.lock:
+                    load.stats.errors[f"exception {type(exc).__name__}"] += 1
                 time.sleep(0.1)
 
 
-def cycles(
-    client: Http,
-    pipeline_id: str,
-    stats: Stats,
-    stop: threading.Event,
-    bulk: int,
-    pacer: Pacer | None = None,
-) -> None:
+def cycles(client: Http, load: Load) -> None:
+    pipeline_id, stats, stop, bulk, pacer = (
+        load.pipeline_id, load.stats, load.stop, load.bulk, load.pacer
+    )  # fmt: skip
     while not stop.is_set():
         status, got = client.call(
             "POST",
@@ -374,10 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         assert status == 201, made
         stats = Stats()
         pacer = Pacer(args.rate) if args.rate is not None else None
+        load = Load(made["id"], stats, stop, args.bulk, pacer)
         for _ in range(args.agents):
-            t = threading.Thread(
-                target=agent, args=(port, made["id"], stats, stop, args.bulk, pacer), daemon=True
-            )
+            t = threading.Thread(target=agent, args=(port, load), daemon=True)
             t.start()
             threads.append(t)
         watch = PruneWatch(port, args.watch)
