@@ -390,17 +390,23 @@ def test_sigkill_of_the_worker_ends_the_commands_whole_group_and_its_watchdog(
     """What a supervisor does to a stuck worker: SIGKILL of the pid it started (under the
     standalone binary, the onefile bootstrap). The worker cannot act then: the command, what
     it started and the worker's watchdog must go all the same, or an orphan works on a task
-    whose lease expires and is claimed again."""
+    whose lease expires and is claimed again. And the run's directory, which holds the lease
+    token, must not be left behind in the temporary directory."""
     pipeline, role = role_pipeline(client)
     one_task(client, pipeline)
     pid_file = tmp_path / "sleep.pid"
-    w = worker(shared_server, role, background_sleep(pid_file), "--agent-id", "killed")
+    dir_file = tmp_path / "run_dir"
+    tell = f'echo "$NULLTICKETS_RUN_DIR" > {shlex.quote(str(dir_file))}; '
+    w = worker(shared_server, role, background_sleep(pid_file, before=tell), "--agent-id", "killed")
     sleeper = pid_in(pid_file)
+    run_dir = Path(dir_file.read_text().strip())
+    assert (run_dir / "lease.json").is_file()
     below = descendants(w.pid)
     assert sleeper in below and len(below) >= 3, below  # sh, its sleep, the watchdog
     w.kill()
     w.communicate(timeout=30)
     gone_within(below)
+    wait_for("the run's directory to be removed", lambda: not run_dir.exists())
 
 
 @posix_only

@@ -35,7 +35,7 @@ within two seconds), when the lease is lost or the task cancelled (noticed at th
 heartbeat), when no heartbeat has reached the server for a whole lease TTL (the lease has
 expired there: another agent may hold the task), and when `--timeout` has passed (a failed
 attempt, reason `timeout`). A SIGKILL of the worker ends it too: a watchdog that outlives the
-worker only for that (worker/process_group.py).
+worker only for that (worker/process_group.py), and then removes the run's directory.
 
 The worker outlives the server: a claim, heartbeat or outcome that cannot reach it is tried
 again (with capped exponential backoff and jitter) until the server answers, and every write
@@ -296,7 +296,7 @@ class Worker:
         self.wake.clear()
         self.phase = Phase.RUNNING
         try:
-            group = ProcessGroup(opts.command, env, on_exit=self.wake.set)
+            group = ProcessGroup(opts.command, env, on_exit=self.wake.set, leftover=run_dir.path)
         except OSError as exc:
             self.phase = Phase.IDLE
             error = f"cannot start command {opts.command[0]!r}: {exc}"

@@ -6,7 +6,9 @@ whatever is left after GRACE_S). For when it cannot (SIGKILL), a watchdog stands
 `/bin/sh` in a session of its own that holds the read end of a pipe whose write end only this
 process holds. It is started before the command and told the group on the pipe, so it stands by
 before anything of the command's runs. When this process dies the kernel closes that end, the
-watchdog reads EOF, ends the group the same way and exits. On Linux the watchdog also gets
+watchdog reads EOF, ends the group the same way, removes what it was told to (the run's
+directory, which holds the run's lease token: no one else is left to remove it) and exits. On
+Linux the watchdog also gets
 SIGHUP from the kernel when this process dies (PR_SET_PDEATHSIG), a second line should the pipe
 be held open somewhere, and the command's first process gets SIGTERM. Once the group is ended
 here, the watchdog is SIGKILLed: it never outlives its group's end. A process that leaves the
@@ -34,23 +36,37 @@ GRACE_S = 1.0  # between SIGTERM and SIGKILL of a group that must end
 POLL_S = 0.02  # how often a group being ended is looked at
 
 # The first line of stdin: the group to end (EOF first: no command was started). Then it reads
-# stdin until EOF (the worker gone), or is told by a signal.
+# stdin until EOF (the worker gone), or is told by a signal: SIGHUP from the kernel when the
+# worker dies, TERM or INT from anyone (a service manager ending every process of the unit
+# while the worker, alive, ends its run itself). $1, when not empty: a directory to remove once
+# the group is ended, only when the worker is gone (an argument, never the script's text).
 WATCHDOG = f"""
+d="$1"
 trap 'exit 0' HUP TERM INT
 read -r g || exit 0
 end() {{
-    kill -s TERM -- "-$g" 2>/dev/null || exit 0
-    i=0
-    while [ "$i" -lt {round(GRACE_S * 10)} ] && kill -s 0 -- "-$g" 2>/dev/null; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -s KILL -- "-$g" 2>/dev/null
+    if kill -s TERM -- "-$g" 2>/dev/null; then
+        i=0
+        while [ "$i" -lt {round(GRACE_S * 10)} ] && kill -s 0 -- "-$g" 2>/dev/null; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        kill -s KILL -- "-$g" 2>/dev/null
+    fi
+    if [ "$1" = gone ] && [ -n "$d" ]; then
+        i=0
+        while [ "$i" -lt 50 ] && kill -s 0 -- "-$g" 2>/dev/null; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        rm -rf -- "$d"
+    fi
     exit 0
 }}
-trap end HUP TERM INT
+trap 'end gone' HUP
+trap end TERM INT
 read -r _
-end
+end gone
 """
 
 
@@ -60,18 +76,21 @@ class ProcessGroup:
     `exited` is set once the command's first process has exited (not reaped yet: while it is a
     zombie its pid, the group's id, cannot be given to another process); `on_exit` is called
     then, from another thread. `end()` ends the whole group and reaps the command; `close()`
-    ends the watchdog. Raises OSError when the command cannot be started."""
+    ends the watchdog. `leftover`: a directory the watchdog removes if it has to end the group
+    (this process was killed, and cannot remove it itself). Raises OSError when the command
+    cannot be started."""
 
     def __init__(
         self,
         argv: list[str],
         env: dict[str, str],
         on_exit: Callable[[], None] | None = None,
+        leftover: Path | None = None,
     ) -> None:
         self.on_exit = on_exit
         self.exited = threading.Event()
         self.watchdog: subprocess.Popen[bytes] | None = None
-        self._hold = self._watch() if POSIX else None
+        self._hold = self._watch(leftover) if POSIX else None
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -91,13 +110,13 @@ class ProcessGroup:
             os.write(self._hold, b"%d\n" % self.pgid)  # the watchdog's first line
         threading.Thread(target=self._wait_exit, daemon=True).start()
 
-    def _watch(self) -> int | None:
+    def _watch(self, leftover: Path | None) -> int | None:
         """Start the watchdog; it learns the group once the command is started. The write end
         of its pipe, which only this process holds (None: no watchdog)."""
         read, write = os.pipe()  # neither end is inherited by the command or anything else
         try:
             self.watchdog = subprocess.Popen(
-                ["/bin/sh", "-c", WATCHDOG, "nulltickets-watchdog"],
+                ["/bin/sh", "-c", WATCHDOG, "nulltickets-watchdog", str(leftover or "")],
                 stdin=read,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
