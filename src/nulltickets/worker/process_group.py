@@ -8,12 +8,11 @@ process holds. It is started before the command and told the group on the pipe, 
 before anything of the command's runs. When this process dies the kernel closes that end, the
 watchdog reads EOF, ends the group the same way, removes what it was told to (the run's
 directory, which holds the run's lease token: no one else is left to remove it) and exits. On
-Linux the watchdog also gets
-SIGHUP from the kernel when this process dies (PR_SET_PDEATHSIG), a second line should the pipe
-be held open somewhere, and the command's first process gets SIGTERM. Once the group is ended
-here, the watchdog is SIGKILLed: it never outlives its group's end. A process that leaves the
-session on purpose (`setsid`, a daemon) is out of reach. On Windows there are no process groups:
-only the command is ended.
+Linux the watchdog also gets SIGHUP from the kernel when this process dies (PR_SET_PDEATHSIG), a
+second line should the pipe be held open somewhere, and the command's first process gets
+SIGTERM. Once the group is ended here, the watchdog is SIGKILLed: it never outlives its group's
+end. A process that leaves the session on purpose (`setsid`, a daemon) is out of reach. On
+Windows there are no process groups: only the command is ended.
 """
 
 from __future__ import annotations
@@ -44,21 +43,21 @@ WATCHDOG = f"""
 d="$1"
 trap 'exit 0' HUP TERM INT
 read -r g || exit 0
+# While the group has a process, at most $1 tenths of a second.
+wait_group() {{
+    i=0
+    while [ "$i" -lt "$1" ] && kill -s 0 -- "-$g" 2>/dev/null; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+}}
 end() {{
     if kill -s TERM -- "-$g" 2>/dev/null; then
-        i=0
-        while [ "$i" -lt {round(GRACE_S * 10)} ] && kill -s 0 -- "-$g" 2>/dev/null; do
-            sleep 0.1
-            i=$((i + 1))
-        done
+        wait_group {round(GRACE_S * 10)}
         kill -s KILL -- "-$g" 2>/dev/null
     fi
     if [ "$1" = gone ] && [ -n "$d" ]; then
-        i=0
-        while [ "$i" -lt 50 ] && kill -s 0 -- "-$g" 2>/dev/null; do
-            sleep 0.1
-            i=$((i + 1))
-        done
+        wait_group 50
         rm -rf -- "$d"
     fi
     exit 0
