@@ -4,11 +4,14 @@ while that process, alive, is still ending its run."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
+import struct
 import sys
 import tempfile
+import termios
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,18 @@ def started(leftover: Path) -> ProcessGroup:
     group = ProcessGroup(["sleep", "300"], dict(os.environ), leftover=leftover)
     assert group.watchdog is not None
     return group
+
+
+def waiting(group: ProcessGroup) -> bool:
+    """The watchdog has read the group's id and its traps for it are set: nothing is left in
+    its pipe and it sleeps (in its second read, the only place it blocks before it ends).
+    Before that, a TERM only makes it exit, since it has no group to end yet."""
+    assert group.watchdog is not None and group._hold is not None
+    unread: int = struct.unpack("i", fcntl.ioctl(group._hold, termios.FIONREAD, b"\0" * 4))[0]
+    stat = Path(f"/proc/{group.watchdog.pid}/stat")
+    if not stat.exists():  # no /proc: the pipe read is all that can be seen
+        return unread == 0
+    return unread == 0 and stat.read_text().rpartition(")")[2].split()[0] == "S"
 
 
 def finish(group: ProcessGroup) -> None:
@@ -61,13 +76,14 @@ def test_the_watchdog_removes_the_directory_when_the_starter_is_gone() -> None:
 
 def test_a_term_to_the_watchdog_ends_the_group_and_leaves_the_directory_to_the_worker() -> None:
     leftover = Path(tempfile.mkdtemp(prefix="nulltickets-run-"))
+    group = started(leftover)
     try:
-        group = started(leftover)
         assert group.watchdog is not None
+        wait_for("the watchdog to know the group", lambda: waiting(group))
         group.watchdog.send_signal(signal.SIGTERM)  # a service manager's TERM to every process
         group.watchdog.wait(timeout=30)
         assert group.proc.wait(timeout=30) == -signal.SIGTERM
         assert leftover.is_dir()  # the worker, alive, removes it itself
-        finish(group)
     finally:
+        finish(group)  # also when the test failed: no command is left running
         shutil.rmtree(leftover, ignore_errors=True)
