@@ -12,6 +12,7 @@ import pytest
 
 from nulltickets.storage.queries import load_backend_queries
 from tests.postgres.sql import Q, numbered
+from tests.unit.test_queries_shared import SQLITE_ONLY
 
 SQLITE = load_backend_queries("nulltickets.storage.sqlite")
 POSTGRES_NAMED = load_backend_queries("nulltickets.storage.postgres")
@@ -47,13 +48,14 @@ POSTGRES_ONLY = {
     "release_run": "Backend.release_run in one statement, its wake-up with it",
     "release_agent": "Backend.release_agent in one statement, its wake-ups with it",
     "prune_lock": "retention: one server prunes at a time",
+    "prune_checks_off": "retention: a batch without per-row foreign-key checks, where allowed",
+    "prune_lock_runs": "retention: a batch's runs locked before what refers to them goes",
+    "prune_delete": "Backend.prune_tasks: a batch's rows of every table in one statement",
 }
 
-# Queries only SQLite has, and why.
-SQLITE_ONLY: dict[str, str] = {}
-
-# Statements PREPARE cannot take (DDL); migrate.py runs them in every migration test.
-NOT_PREPARABLE = {"schema_create", "listen"}
+# Statements PREPARE cannot take (DDL, a DO block); migrate.py runs the DDL in every migration
+# test, and every retention test runs prune_checks_off.
+NOT_PREPARABLE = {"schema_create", "listen", "prune_checks_off"}
 
 
 def test_every_sqlite_query_has_a_postgres_translation_of_the_same_name() -> None:
@@ -202,12 +204,8 @@ PRUNE_TASK_STATEMENTS = (
     "prune_export_events",
     "prune_export_artifacts",
     "prune_export_spans",
-    "prune_delete_events",
-    "prune_delete_leases",
-    "prune_delete_artifacts",
-    "prune_delete_spans",
-    "prune_delete_runs",
-    "prune_delete_tasks",
+    "prune_lock_runs",
+    "prune_delete",
 )
 PRUNE_SPAN_BATCH_STATEMENTS = (
     "prune_export_loose_spans",

@@ -16,7 +16,9 @@ in BATCH_S (about 2 ms of work, at the pace of the batches before it, never more
 `batch` tasks), so a claim behind it waits no longer than for a few claims of its own,
 whatever a task holds; and after each batch the pruner pauses four times as long as the
 batch took, so that few claims meet a batch at all. On PostgreSQL a batch holds no lock a
-claim waits for; it takes `batch` tasks, and the pause is as long as the batch.
+claim waits for; it takes `batch` tasks, and the pause is as long as the batch. There its
+deletes are one statement, run without per-row foreign-key checks where the role may turn
+them off (postgres/queries.sql, prune_checks_off).
 
 On SQLite the server's writer is shared: a batch run from the pruner's thread would take the
 writer's lock while the event loop waits for it (every request with it), and would hand the

@@ -24,6 +24,7 @@ from nulltickets import core
 from nulltickets.domain.model import Assignment, Dependency, Failure, LeaseRow, StageCount, Task
 from nulltickets.errors import StorageBusy, Unauthorized
 from nulltickets.storage.backend import (
+    PRUNE_COUNTED,
     Backend,
     Claimed,
     Ended,
@@ -281,6 +282,20 @@ class PostgresBackend(Backend):
     def try_prune_lock(self) -> bool:
         # One server prunes at a time (the lock ends with the unit of work).
         return bool(self._value("prune_lock", {"lock_key": PRUNE_LOCK}))
+
+    def prune_tasks(self, ids: Sequence[str]) -> dict[str, int]:
+        # One message: the foreign-key checks off where the role may, the batch's runs locked,
+        # then one statement deleting all (prune_checks_off says why it is safe).
+        params = {"ids": _encode(list(ids)).decode()}
+        cur = self._script(
+            [("prune_checks_off", {}), ("prune_lock_runs", params), ("prune_delete", params)]
+        )
+        cur.nextset()
+        cur.nextset()
+        row = cur.fetchone()
+        columns = [c.name for c in cur.description or ()]
+        counts = dict(zip(columns, (int(n) for n in row), strict=True))
+        return {table: counts[table] for table in PRUNE_COUNTED}
 
     def _query_error(self, exc: Exception) -> str:
         return str(exc).splitlines()[0]  # the rest is PostgreSQL's context lines

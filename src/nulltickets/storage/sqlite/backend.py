@@ -16,7 +16,7 @@ from typing import Any
 
 import apsw
 
-from nulltickets.storage.backend import Backend, QueueRow, StageBoardRow
+from nulltickets.storage.backend import PRUNE_COUNTED, Backend, QueueRow, StageBoardRow
 from nulltickets.storage.queries import load_backend_queries, parameter_names
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.search import fts_query
@@ -38,6 +38,17 @@ def _positional(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any,
 
 # Each query's parameters by position, in the order SQLite numbers them.
 ARGS = {name: _positional(parameter_names(sql)) for name, sql in Q.items()}
+
+# What prune_tasks deletes, a statement a table, children before parents: (table, query).
+# Task events, dependencies and assignments go with their task (ON DELETE CASCADE).
+_TASK_DELETES = (
+    ("events", "prune_delete_events"),
+    ("leases", "prune_delete_leases"),
+    ("artifacts", "prune_delete_artifacts"),
+    ("otlp_spans", "prune_delete_spans"),
+    ("runs", "prune_delete_runs"),
+    ("tasks", "prune_delete_tasks"),
+)
 
 
 class SqliteBackend(Backend):
@@ -74,6 +85,11 @@ class SqliteBackend(Backend):
         except apsw.ExecutionCompleteError:  # no row: the statement has already finished
             return []
         return [dict(zip(columns, row, strict=True)) for row in cursor]
+
+    def prune_tasks(self, ids: Sequence[str]) -> dict[str, int]:
+        params = {"ids": json.dumps(list(ids))}
+        deleted = {table: self._exec(name, params) for table, name in _TASK_DELETES}
+        return {table: deleted[table] for table in PRUNE_COUNTED}
 
     # The file gives its free pages back (auto_vacuum INCREMENTAL: connection.py sets it on a
     # new file, `nulltickets prune --vacuum` on an older one), a step at a time, each step a
