@@ -1641,8 +1641,8 @@ ORDER BY id;
 -- prune_candidates lock the batch's runs and tasks first, so a row that refers to one of them
 -- either was committed before prune_delete (which deletes it too) or waits for the batch and
 -- then fails its own check; and prune_delete deletes, itself, every row of every table that
--- refers to a task or a run (tests/postgres/test_queries.py keeps that list complete). Where
--- the role may not, nothing changes: the checks run, and the cascades with them.
+-- refers to a task or a run (tests/postgres/test_prune_checks.py keeps that list complete).
+-- Where the role may not, nothing changes: the checks run, and the cascades with them.
 DO $$
 BEGIN
     PERFORM set_config('session_replication_role', 'replica', TRUE);
