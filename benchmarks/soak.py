@@ -17,8 +17,10 @@ Whether pruning holds claims up: a thread reads the server's /metrics every `--w
 from the first poll that sees rows pruned to the one that sees the pass end, a prune pass was
 running. Each claim that overlapped such a stretch counts as "pruning", every other as "idle",
 and each line and the summary give claim p50/p99/max of both (`claims_pruning`,
-`claims_idle`): unchanged while pruning means the two agree. `--retention off` runs the same
-load without any pass, for a baseline of its own.
+`claims_idle`): unchanged while pruning means the two agree. The summary adds the server's
+prune batches (`prune_batches`: how many, their mean time and the bucket bound of their p99,
+from nulltickets_prune_batch_duration_seconds). `--retention off` runs the same load without
+any pass, for a baseline of its own.
 
 By default the agents go as fast as the server answers, so the machine has no time to spare and
 a pass's work is taken from the claims'. `--rate N` paces them to N cycles a second in all, the
@@ -289,6 +291,27 @@ def counters(client: Http) -> tuple[int, int]:
     return rows, int(float(passes.group(1))) if passes else 0
 
 
+def batch_times(port: int) -> dict[str, float] | None:
+    """The server's prune batches so far: how many, their mean time, and the bound of the
+    histogram's bucket that holds their p99 (nulltickets_prune_batch_duration_seconds)."""
+    status, text = Http(port).call("GET", "/metrics")
+    name = rb"nulltickets_prune_batch_duration_seconds"
+    buckets = [
+        (float(le), float(n))
+        for le, n in re.findall(rb"^" + name + rb'_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+    ]
+    total = re.search(rb"^" + name + rb"_sum (\S+)$", text, re.M)
+    if status != 200 or not buckets or total is None or buckets[-1][1] == 0:
+        return None
+    count = buckets[-1][1]
+    p99 = next(le for le, n in buckets if n >= 0.99 * count)
+    return {
+        "batches": int(count),
+        "mean_ms": round(float(total.group(1)) / count * 1000, 2),
+        "p99_ms_at_most": round(p99 * 1000, 2),
+    }
+
+
 def pruned(port: int) -> int:
     return counters(Http(port))[0]
 
@@ -429,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_pruning": round(sum(b - a for a, b in watch.windows), 1),
             "claims_pruning": latency(during),
             "claims_idle": latency(besides),
+            "prune_batches": batch_times(port),
         }
         print(json.dumps({"summary": summary, "lines": len(figures)}), flush=True)
     finally:

@@ -371,6 +371,14 @@ async def metrics_text(ctx: Context, req: Request) -> Reply:
             "pruning).",
             retention.passes,
         )
+        name = "nulltickets_prune_batch_duration_seconds"
+        out.family(
+            name,
+            "histogram",
+            "Time of each batch of the background pruning that deleted rows, its commit not "
+            "counted: on SQLite, what a write in the writer's queue waits behind one.",
+        )
+        out.histogram(name, retention.batch_seconds)
 
     collector = ctx.collector
     if collector is not None:

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from nulltickets.domain.stats import COMMIT_SECONDS, Histogram
 from nulltickets.storage.backend import Backend
 from nulltickets.storage.ports import Database
 
@@ -182,6 +183,9 @@ class Pruner:
     pause_ratio: float | None = None
     # Rows deleted by table since the process started (/metrics), across passes.
     totals: dict[str, int] = field(default_factory=dict)
+    # How long each batch that deleted rows took, its commit aside (/metrics): on SQLite what a
+    # claim waits behind one, on PostgreSQL how long one shares the database with claims.
+    batch_seconds: Histogram = field(default_factory=lambda: Histogram(COMMIT_SECONDS, shared=True))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The server's event loop, where the writer is shared (SQLite): batches go through its
     # queue (see the module's text). None: each batch from this thread (a tool, PostgreSQL).
@@ -228,8 +232,11 @@ class Pruner:
             result = self._on_loop(timed)
         else:
             result = self.db.write_sync(timed)
+        rows = _rows(result)
+        if rows:  # one that found nothing to delete is a pass's last look, not a batch
+            self.batch_seconds.observe(worked)
         if sizer is not None:
-            sizer.took(_rows(result), worked)
+            sizer.took(rows, worked)
         if self._pause > 0:
             time.sleep(min(1.0, (time.monotonic() - started) * self._pause))
         return result
@@ -417,6 +424,10 @@ class RetentionJob:
     @property
     def totals(self) -> dict[str, int]:
         return self.pruner.totals
+
+    @property
+    def batch_seconds(self) -> Histogram:
+        return self.pruner.batch_seconds
 
     def start(self) -> None:
         self._thread.start()
