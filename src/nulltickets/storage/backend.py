@@ -217,6 +217,11 @@ _MAX_TIME = 2**63 - 1
 _encode = msgspec.json.encode
 
 
+def ids_param(ids: Sequence[Any]) -> dict[str, str]:
+    """The `:ids` parameter of the prune statements: the ids as one JSON array."""
+    return {"ids": _encode(list(ids)).decode()}
+
+
 def _task(row: Sequence[Any]) -> Task:
     (
         id_,
@@ -1501,7 +1506,7 @@ class Backend:
     def prune_export(self, ids: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         """Every row `prune_tasks(ids)` deletes (and those that go with them), as (table, row
         by column name), parents before children."""
-        params = {"ids": _encode(list(ids)).decode()}
+        params = ids_param(ids)
         found: list[tuple[str, dict[str, Any]]] = []
         for table, name in _TASK_EXPORTS:
             found.extend((table, row) for row in self._rows(name, params))
@@ -1527,7 +1532,7 @@ class Backend:
         """Delete the spans of those batches that belong to no task or run still kept (spans
         of unknown or pruned tasks), then the batches left without a span. Returns the rows
         deleted as prune_export gives them (when `export`; else []) and the count by table."""
-        params = {"ids": _encode(list(batch_ids)).decode()}
+        params = ids_param(batch_ids)
         spans: list[tuple[str, dict[str, Any]]] = []
         batches: list[tuple[str, dict[str, Any]]] = []
         if export:

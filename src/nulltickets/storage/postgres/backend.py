@@ -39,6 +39,7 @@ from nulltickets.storage.backend import (
     TaskView,
     _run,
     _task,
+    ids_param,
 )
 from nulltickets.storage.postgres.combine import Result
 from nulltickets.storage.postgres.green import GreenConnection, GreenCursor
@@ -286,7 +287,7 @@ class PostgresBackend(Backend):
     def prune_tasks(self, ids: Sequence[str]) -> dict[str, int]:
         # One message: the foreign-key checks off where the role may, the batch's runs locked,
         # then one statement deleting all (prune_checks_off says why it is safe).
-        params = {"ids": _encode(list(ids)).decode()}
+        params = ids_param(ids)
         cur = self._script(
             [("prune_checks_off", {}), ("prune_lock_runs", params), ("prune_delete", params)]
         )

@@ -16,7 +16,13 @@ from typing import Any
 
 import apsw
 
-from nulltickets.storage.backend import PRUNE_COUNTED, Backend, QueueRow, StageBoardRow
+from nulltickets.storage.backend import (
+    PRUNE_COUNTED,
+    Backend,
+    QueueRow,
+    StageBoardRow,
+    ids_param,
+)
 from nulltickets.storage.queries import load_backend_queries, parameter_names
 from nulltickets.storage.sqlite import connection
 from nulltickets.storage.sqlite.search import fts_query
@@ -87,7 +93,7 @@ class SqliteBackend(Backend):
         return [dict(zip(columns, row, strict=True)) for row in cursor]
 
     def prune_tasks(self, ids: Sequence[str]) -> dict[str, int]:
-        params = {"ids": json.dumps(list(ids))}
+        params = ids_param(ids)
         deleted = {table: self._exec(name, params) for table, name in _TASK_DELETES}
         return {table: deleted[table] for table in PRUNE_COUNTED}
 
