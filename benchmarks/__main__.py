@@ -152,12 +152,13 @@ def cycle_with_baseline(
             else:
 
                 def postgres_run(env: dict[str, str], agents: int, tasks: int) -> dict[str, Any]:
-                    dsn = cluster.dsn(cluster.create_database())
-                    log = work / f"baseline-pg-{dsn[-8:]}.log"
-                    with BenchServer(
-                        dsn, durability="full", log=log, env=env, cmd=this_python
-                    ) as s:
-                        m = measure([s], agents, tasks, postgres_cpu=cluster.cpu_s)
+                    with cluster.database() as name:
+                        dsn = cluster.dsn(name)
+                        log = work / f"baseline-pg-{dsn[-8:]}.log"
+                        with BenchServer(
+                            dsn, durability="full", log=log, env=env, cmd=this_python
+                        ) as s:
+                            m = measure([s], agents, tasks, postgres_cpu=cluster.cpu_s)
                     return {"engine": "postgresql", "durability": "full", **m}
 
                 sides.append(("postgresql", postgres_run))

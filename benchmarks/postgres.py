@@ -100,7 +100,19 @@ def run_once(
     if v.engine == "sqlite":
         return cycle(work, agents, tasks, v.durability, warmup=warmup)
     assert cluster is not None
-    dsn = cluster.dsn(cluster.create_database())
+    with cluster.database() as name:
+        return _run_postgres(v, cluster, cluster.dsn(name), work, agents, tasks, warmup)
+
+
+def _run_postgres(
+    v: Variant,
+    cluster: PostgresServer,
+    dsn: str,
+    work: Path,
+    agents: int,
+    tasks: int,
+    warmup: int,
+) -> dict[str, Any]:
     if v.engine == peer.NAME:
         return peer.run(dsn, agents, tasks, v.durability, cluster.cpu_s, warmup)
     with ExitStack() as stack:

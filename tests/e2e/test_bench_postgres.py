@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from benchmarks import peer
 from benchmarks.__main__ import main, render
 from benchmarks.pgfloor import BATCH
-from benchmarks.postgres import VARIANTS, warmup_tasks
+from benchmarks.postgres import VARIANTS, Variant, run_once, warmup_tasks
+
+from tests.pgserver import PostgresServer
 
 pytestmark = [
     pytest.mark.process,
@@ -78,3 +81,20 @@ def test_the_section_has_a_row_for_every_variant_and_the_model(tmp_path: Path) -
     written = figures.read_text()
     assert written.startswith("Measured ") and "python -m benchmarks --sections postgres" in written
     assert written.split("\n", 1)[1] in text
+
+
+def databases(cluster: PostgresServer) -> set[str]:
+    with cluster.admin() as conn:
+        return {name for (name,) in conn.execute("SELECT datname FROM pg_database").fetchall()}
+
+
+def test_a_measured_run_leaves_no_database_behind_for_autovacuum_to_visit(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Each run has a database of its own, dropped once it is measured: none of a run's
+    tables is left for autovacuum to work on while a later run is measured."""
+    before = databases(postgres)
+    for variant in (Variant("postgresql", "full", 2), Variant(peer.NAME, "normal", 0)):
+        row = run_once(variant, postgres, tmp_path, agents=2, tasks=10, warmup=2)
+        assert row["completed_exactly_once"] and row["cycles_per_s"] > 0, row
+        assert databases(postgres) == before
