@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cycle import mean_of
+
 PIPELINE = {
     "initial": "todo",
     "states": {"todo": {"agent_role": "soak"}, "done": {"terminal": True}},
@@ -292,22 +294,28 @@ def counters(client: Http) -> tuple[int, int]:
 
 
 def batch_times(port: int) -> dict[str, float] | None:
-    """The server's prune batches so far: how many, their mean time, and the bound of the
-    histogram's bucket that holds their p99 (nulltickets_prune_batch_duration_seconds)."""
+    """The server's prune batches so far (batch_summary of its /metrics)."""
     status, text = Http(port).call("GET", "/metrics")
-    name = rb"nulltickets_prune_batch_duration_seconds"
+    return batch_summary(text.decode()) if status == 200 else None
+
+
+def batch_summary(metrics: str) -> dict[str, float] | None:
+    """How many prune batches `metrics` counts, their mean time, and the bound of the
+    histogram's bucket that holds their p99 (nulltickets_prune_batch_duration_seconds); None
+    when there is none."""
+    name = "nulltickets_prune_batch_duration_seconds"
+    mean = mean_of(metrics, name)
     buckets = [
         (float(le), float(n))
-        for le, n in re.findall(rb"^" + name + rb'_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+        for le, n in re.findall(rf'^{name}_bucket\{{le="([^"]+)"\}} (\S+)$', metrics, re.M)
     ]
-    total = re.search(rb"^" + name + rb"_sum (\S+)$", text, re.M)
-    if status != 200 or not buckets or total is None or buckets[-1][1] == 0:
+    if mean is None or not buckets:
         return None
-    count = buckets[-1][1]
+    count = buckets[-1][1]  # le="+Inf"
     p99 = next(le for le, n in buckets if n >= 0.99 * count)
     return {
         "batches": int(count),
-        "mean_ms": round(float(total.group(1)) / count * 1000, 2),
+        "mean_ms": round(mean * 1000, 2),
         "p99_ms_at_most": round(p99 * 1000, 2),
     }
 

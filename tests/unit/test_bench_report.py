@@ -434,3 +434,29 @@ def test_the_fleet_rows_put_the_agents_alone_and_beside_the_crowd_side_by_side()
         "18.2",
     ]
     assert "PostgreSQL not measured: pg_ctl not found" in lines
+
+
+def test_the_soak_reads_its_prune_batches_from_the_metrics_text() -> None:
+    from benchmarks.soak import batch_summary
+
+    name = "nulltickets_prune_batch_duration_seconds"
+    text = "\n".join(
+        [
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{le="0.001"}} 10',
+            f'{name}_bucket{{le="0.005"}} 150',
+            f'{name}_bucket{{le="0.025"}} 199',
+            f'{name}_bucket{{le="0.1"}} 200',
+            f'{name}_bucket{{le="+Inf"}} 200',
+            f"{name}_sum 0.9",
+            f"{name}_count 200",
+        ]
+    )
+    # 199 of the 200 took 25 ms at most: at least 99% of them, so the p99 is in that bucket.
+    assert batch_summary(text) == {"batches": 200, "mean_ms": 4.5, "p99_ms_at_most": 25.0}
+    # With 197 there, fewer than 99% did: the p99 is in the next bucket, up to 100 ms.
+    slower = text.replace(f'{name}_bucket{{le="0.025"}} 199', f'{name}_bucket{{le="0.025"}} 197')
+    assert batch_summary(slower) == {"batches": 200, "mean_ms": 4.5, "p99_ms_at_most": 100.0}
+    nothing = "\n".join([f'{name}_bucket{{le="+Inf"}} 0', f"{name}_sum 0.0", f"{name}_count 0"])
+    assert batch_summary(nothing) is None  # a server that has pruned nothing yet
+    assert batch_summary("nulltickets_up 1") is None  # --retention off: no such family
